@@ -1,0 +1,382 @@
+"""Readers for the QA file formats we accept, and auto-detection of which one a file is in.
+
+Every reader turns one file into a stream of :class:`QARecord` (a question, its gold answers, the
+record's own id if the format has a real one, and where it was read) or :class:`InvalidRecord` (why a
+record could not be used, and where). Readers never raise on a bad record: the caller decides whether a
+bad record is an error or a counted skip (``qa_to_parquet --skip-invalid``), so nothing is dropped
+silently. Normalisation of the question text is not done here; see :mod:`data_prep.rows`.
+
+Formats (``--format`` names), each with the files of ``shared/data/raw`` it reads:
+
+=================== ========================================================== ===============================
+name                record fields used                                          raw files
+=================== ========================================================== ===============================
+``flashrag``        ``id``, ``question``, ``golden_answers: [str]``             FlashRAG ``test.jsonl``
+``nq_open``         ``question``, ``answer: [str]``                             Google ``NQ-open.*.jsonl``
+``dpr``             ``question``, ``answers: [str]`` (``ctxs`` ignored)         lost-in-the-middle oracle
+``hotpotqa``        ``question``, ``answer: str``, optional ``_id``/``id``      HippoRAG hotpotqa, ReAct dev
+``ircot``           ``question_id``, ``question_text``, ``answers_objects``     IRCoT ``dev_subsampled.jsonl``
+``musique``         ``id``, ``question``, ``answer``, ``answer_aliases``        HippoRAG ``musique_train.json``
+``r1searcher``      ``idx``, ``question``, ``answer: str``                      R1-Searcher train/eval jsonl
+``searchr1_parquet`` ``question``, ``reward_model.ground_truth.target``         Search-R1 ``*.parquet``
+=================== ========================================================== ===============================
+
+Containers: ``.jsonl`` (one object a line), ``.json`` (a JSON array of objects, or JSON lines), ``.parquet``;
+``.gz`` is decompressed on the fly.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import pyarrow.parquet as pq
+
+# Reasons an input record is rejected; ``qa_to_parquet`` adds ``duplicate_id``.
+UNREADABLE = "unreadable"
+NO_QUESTION = "no_question"
+NO_ANSWER = "no_answer"
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a record was read: a line of a JSON-lines file, a record of a JSON array, or a parquet row."""
+
+    path: Path
+    line: int | None = None
+    """1-based line number (JSON lines)."""
+    record: int | None = None
+    """1-based position in a JSON array or parquet file (when there are no meaningful line numbers)."""
+
+    def __str__(self) -> str:
+        if self.line is not None:
+            return f"{self.path}:{self.line}"
+        if self.record is not None:
+            return f"{self.path} (record {self.record})"
+        return str(self.path)
+
+
+@dataclass(frozen=True)
+class QARecord:
+    """One usable question as read from a file (question text not yet normalised)."""
+
+    question: str
+    answers: tuple[str, ...]
+    """Gold answers, stripped, empty strings and exact duplicates removed, order kept."""
+    native_id: str | None
+    """The dataset's own id for this question when the format has one (HotpotQA ``_id``...), else None."""
+    where: Location
+
+
+@dataclass(frozen=True)
+class InvalidRecord:
+    """A record that cannot be used, with the reason (one of the module constants) and a readable detail."""
+
+    reason: str
+    detail: str
+    where: Location
+
+    def message(self) -> str:
+        return f"{self.where}: {self.reason}: {self.detail}"
+
+
+Item = QARecord | InvalidRecord
+Parser = Callable[[Mapping[str, Any], Location], Item]
+
+
+class FormatError(ValueError):
+    """A whole file cannot be read: unknown extension, undetectable or unknown format, missing columns."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Field helpers shared by the parsers
+
+
+def _answers(value: Any, field: str, where: Location, *, allow_str: bool, allow_list: bool) -> Item | tuple[str, ...]:
+    """Validate an answer field and return the cleaned answers, or an InvalidRecord saying what is wrong."""
+    if isinstance(value, str) and allow_str:
+        items: list[Any] = [value]
+    elif isinstance(value, list | tuple) and allow_list:
+        items = list(value)
+    else:
+        expected = " or ".join(t for t, ok in (("a string", allow_str), ("a list of strings", allow_list)) if ok)
+        got = "missing" if value is None else f"a {type(value).__name__}"
+        return InvalidRecord(NO_ANSWER, f"field {field!r} is {got}; expected {expected}", where)
+    if not all(isinstance(a, str) for a in items):
+        bad = next(a for a in items if not isinstance(a, str))
+        return InvalidRecord(NO_ANSWER, f"field {field!r} holds a {type(bad).__name__} ({bad!r}), not a string", where)
+    cleaned = tuple(dict.fromkeys(a.strip() for a in items if a.strip()))
+    if not cleaned:
+        return InvalidRecord(NO_ANSWER, f"field {field!r} has no non-empty answer", where)
+    return cleaned
+
+
+def _question(row: Mapping[str, Any], field: str, where: Location) -> str | InvalidRecord:
+    value = row.get(field)
+    if not isinstance(value, str) or not value.strip():
+        got = "missing" if value is None else ("blank" if isinstance(value, str) else f"a {type(value).__name__}")
+        return InvalidRecord(NO_QUESTION, f"field {field!r} is {got}; expected a non-empty string", where)
+    return value
+
+
+def _native_id(value: Any) -> str | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    return str(value).strip()
+
+
+def _record(
+    row: Mapping[str, Any],
+    where: Location,
+    *,
+    question_field: str,
+    answer_field: str,
+    allow_str: bool,
+    allow_list: bool,
+    native_id: str | None,
+    extra_answers: Any = None,
+) -> Item:
+    question = _question(row, question_field, where)
+    if isinstance(question, InvalidRecord):
+        return question
+    answers = _answers(row.get(answer_field), answer_field, where, allow_str=allow_str, allow_list=allow_list)
+    if isinstance(answers, InvalidRecord):
+        return answers
+    if extra_answers:
+        more = _answers(extra_answers, "answer_aliases", where, allow_str=False, allow_list=True)
+        if isinstance(more, InvalidRecord):
+            return more
+        answers = tuple(dict.fromkeys(answers + more))
+    return QARecord(question, answers, native_id, where)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One parser per format: a record (already decoded to a mapping) -> QARecord | InvalidRecord
+
+
+def parse_flashrag(row: Mapping[str, Any], where: Location) -> Item:
+    return _record(row, where, question_field="question", answer_field="golden_answers", allow_str=False,
+                   allow_list=True, native_id=_native_id(row.get("id")))
+
+
+def parse_nq_open(row: Mapping[str, Any], where: Location) -> Item:
+    return _record(row, where, question_field="question", answer_field="answer", allow_str=False, allow_list=True,
+                   native_id=None)
+
+
+def parse_dpr(row: Mapping[str, Any], where: Location) -> Item:
+    return _record(row, where, question_field="question", answer_field="answers", allow_str=False, allow_list=True,
+                   native_id=None)
+
+
+def parse_hotpotqa(row: Mapping[str, Any], where: Location) -> Item:
+    return _record(row, where, question_field="question", answer_field="answer", allow_str=True, allow_list=False,
+                   native_id=_native_id(row.get("_id", row.get("id"))))
+
+
+def parse_musique(row: Mapping[str, Any], where: Location) -> Item:
+    return _record(row, where, question_field="question", answer_field="answer", allow_str=True, allow_list=False,
+                   native_id=_native_id(row.get("id")), extra_answers=row.get("answer_aliases"))
+
+
+def parse_r1searcher(row: Mapping[str, Any], where: Location) -> Item:
+    # ``idx`` is only a row counter restarting at 1 in every file, not a dataset id: ids come from the question.
+    return _record(row, where, question_field="question", answer_field="answer", allow_str=True, allow_list=False,
+                   native_id=None)
+
+
+def parse_ircot(row: Mapping[str, Any], where: Location) -> Item:
+    objects = row.get("answers_objects")
+    if not isinstance(objects, list) or not objects:
+        return InvalidRecord(NO_ANSWER, "field 'answers_objects' is missing or empty", where)
+    answers: list[str] = []
+    for obj in objects:
+        if not isinstance(obj, Mapping):
+            return InvalidRecord(NO_ANSWER, f"'answers_objects' holds a {type(obj).__name__}, not an object", where)
+        answers.extend(obj.get("spans") or [])
+        if obj.get("number"):
+            answers.append(str(obj["number"]))
+        date = obj.get("date") or {}
+        parts = [str(date.get(k, "")).strip() for k in ("day", "month", "year")]
+        if any(parts):
+            answers.append(" ".join(p for p in parts if p))
+    return _record({"question_text": row.get("question_text"), "answers": answers}, where,
+                   question_field="question_text", answer_field="answers", allow_str=False, allow_list=True,
+                   native_id=_native_id(row.get("question_id")))
+
+
+def parse_searchr1(row: Mapping[str, Any], where: Location) -> Item:
+    target = None
+    reward_model = row.get("reward_model")
+    if isinstance(reward_model, Mapping) and isinstance(reward_model.get("ground_truth"), Mapping):
+        target = reward_model["ground_truth"].get("target")
+    field = "reward_model.ground_truth.target"
+    if target is None:
+        target, field = row.get("golden_answers"), "golden_answers"
+    if isinstance(target, str):
+        target = [target]
+    return _record({"question": row.get("question"), field: target}, where, question_field="question",
+                   answer_field=field, allow_str=False, allow_list=True, native_id=_native_id(row.get("id")))
+
+
+PARSERS: dict[str, Parser] = {
+    "flashrag": parse_flashrag,
+    "nq_open": parse_nq_open,
+    "dpr": parse_dpr,
+    "hotpotqa": parse_hotpotqa,
+    "ircot": parse_ircot,
+    "musique": parse_musique,
+    "r1searcher": parse_r1searcher,
+    "searchr1_parquet": parse_searchr1,
+}
+FORMAT_NAMES = tuple(PARSERS)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Containers: decode a file into (location, mapping | InvalidRecord)
+
+Decoded = tuple[Location, Mapping[str, Any] | InvalidRecord]
+
+
+def _open_text(path: Path) -> IO[str]:
+    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")
+
+
+def _container(path: Path) -> str:
+    suffixes = [s.lower() for s in path.suffixes]
+    if suffixes and suffixes[-1] == ".gz":
+        suffixes = suffixes[:-1]
+    ext = suffixes[-1] if suffixes else ""
+    if ext in (".jsonl", ".json", ".parquet"):
+        return ext[1:]
+    raise FormatError(f"{path}: unknown file type {ext or '(none)'!r}; expected .jsonl, .json or .parquet "
+                      "(optionally .gz)")
+
+
+def _decode_jsonl(path: Path, f: IO[str], first_line: int = 1) -> Iterator[Decoded]:
+    for lineno, line in enumerate(f, start=first_line):
+        if not line.strip():
+            continue
+        where = Location(path, line=lineno)
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            yield where, InvalidRecord(UNREADABLE, f"not valid JSON ({e.msg} at column {e.colno})", where)
+            continue
+        if not isinstance(obj, dict):
+            yield where, InvalidRecord(UNREADABLE, f"expected a JSON object, got a {type(obj).__name__}", where)
+            continue
+        yield where, obj
+
+
+def _decode_json(path: Path) -> Iterator[Decoded]:
+    with _open_text(path) as f:
+        head = f.read(1)
+        while head and head.isspace():
+            head = f.read(1)
+        f.seek(0)
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as e:
+            if head == "{":  # many ".json" files are really JSON lines; read them as such
+                f.seek(0)
+                yield from _decode_jsonl(path, f)
+                return
+            raise FormatError(f"{path}:{e.lineno}: not valid JSON ({e.msg}); the whole file is unreadable") from e
+    if isinstance(data, dict):
+        keys = sorted(data)[:5]
+        raise FormatError(f"{path}: holds one JSON object (keys {keys}...), not a list of QA records or JSON lines; "
+                          "a title -> sentences mapping is a passage corpus, which goes through data_prep.build_corpus")
+    if not isinstance(data, list):
+        raise FormatError(f"{path}: holds a JSON {type(data).__name__}, not a list of QA records")
+    for i, obj in enumerate(data, start=1):
+        where = Location(path, record=i)
+        if isinstance(obj, dict):
+            yield where, obj
+        else:
+            yield where, InvalidRecord(UNREADABLE, f"expected a JSON object, got a {type(obj).__name__}", where)
+
+
+def _decode_parquet(path: Path) -> Iterator[Decoded]:
+    table = pq.read_table(path)
+    for i, row in enumerate(table.to_pylist(), start=1):
+        yield Location(path, record=i), row
+
+
+def decode(path: Path) -> Iterator[Decoded]:
+    """Yield (location, record) for every record of a .jsonl/.json/.parquet file; bad records as InvalidRecord."""
+    if not path.is_file():
+        raise FormatError(f"{path}: no such file")
+    kind = _container(path)
+    if kind == "parquet":
+        yield from _decode_parquet(path)
+    elif kind == "json":
+        yield from _decode_json(path)
+    else:
+        with _open_text(path) as f:
+            yield from _decode_jsonl(path, f)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Detection
+
+
+def detect_format(path: Path, keys: set[str], sample: Mapping[str, Any]) -> str:
+    """Name the format of ``path`` from the keys (and answer type) of its first readable record.
+
+    Raises:
+        FormatError: no format matches; the message lists the keys seen and how to name the format.
+    """
+    if _container(path) == "parquet":
+        if "question" in keys and ({"reward_model", "golden_answers"} & keys):
+            return "searchr1_parquet"
+    elif {"question_id", "question_text", "answers_objects"} <= keys:
+        return "ircot"
+    elif {"question", "answer", "answer_aliases"} <= keys:
+        return "musique"
+    elif {"question", "golden_answers"} <= keys:
+        return "flashrag"
+    elif {"question", "answers"} <= keys:
+        return "dpr"
+    elif {"idx", "question", "answer"} <= keys:
+        return "r1searcher"
+    elif {"question", "answer"} <= keys:
+        return "nq_open" if isinstance(sample.get("answer"), list) else "hotpotqa"
+    hint = ""
+    if keys <= {"id", "title", "text", "contents"} or "contents" in keys:
+        hint = " It looks like a passage corpus, not QA data; corpora go through data_prep.build_corpus."
+    raise FormatError(f"{path}: cannot tell the format from the record keys {sorted(keys)}.{hint} "
+                      f"Name it with --format, one of: {', '.join(FORMAT_NAMES)}.")
+
+
+def detect_file_format(path: Path) -> str:
+    """Name the format of ``path`` from its first readable record.
+
+    Raises:
+        FormatError: the file has no readable record, or its records match no format.
+    """
+    for _, obj in decode(path):
+        if not isinstance(obj, InvalidRecord):
+            return detect_format(path, set(obj), obj)
+    raise FormatError(f"{path}: no readable record to detect the format from; name it with --format")
+
+
+def read_records(path: Path, fmt: str | None = None) -> Iterator[Item]:
+    """Read every record of ``path`` as :class:`QARecord` or :class:`InvalidRecord`, in file order.
+
+    Args:
+        path: a .jsonl, .json or .parquet file (optionally .gz).
+        fmt: one of :data:`FORMAT_NAMES`, or None to detect it with :func:`detect_file_format`.
+
+    Raises:
+        FormatError: the file is missing or of unknown type, ``fmt`` is unknown, or the format cannot be detected.
+    """
+    if fmt is not None and fmt not in PARSERS:
+        raise FormatError(f"unknown format {fmt!r}; known formats: {', '.join(FORMAT_NAMES)}")
+    parser = PARSERS[fmt or detect_file_format(path)]
+    for where, obj in decode(path):
+        yield obj if isinstance(obj, InvalidRecord) else parser(obj, where)

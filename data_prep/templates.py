@@ -1,0 +1,90 @@
+"""Prompt templates: text files under ``configs/templates/`` with a ``{question}`` slot (and maybe ``{passages}``).
+
+A template is used verbatim, final newline included; only the exact strings ``{question}`` and ``{passages}``
+are replaced, so other braces in a template need no escaping. Shipped templates:
+
+- ``search``: the search protocol (``<think>``, ``<search>``, ``<information>``, ``<answer>``); the training default.
+- ``no_search``: answer directly, for the no-retrieval baseline.
+- ``naive_rag``: top-k passages inlined through ``{passages}``, for the retrieve-once baseline. Its passages are
+  only known at evaluation time, so ``qa_to_parquet`` refuses it; the rows keep the bare ``question`` for that.
+
+To reproduce another paper's prompt exactly, write it to a file with a ``{question}`` slot and pass its path.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "configs" / "templates"
+QUESTION_SLOT = "{question}"
+PASSAGES_SLOT = "{passages}"
+_SLOTS = re.compile(re.escape(QUESTION_SLOT) + "|" + re.escape(PASSAGES_SLOT))
+
+
+@dataclass(frozen=True)
+class Template:
+    """A loaded prompt template."""
+
+    name: str
+    path: Path
+    text: str
+
+    @property
+    def needs_passages(self) -> bool:
+        return PASSAGES_SLOT in self.text
+
+
+def available_templates() -> list[str]:
+    """Names of the templates shipped under ``configs/templates/``."""
+    return sorted(p.stem for p in TEMPLATE_DIR.glob("*.txt"))
+
+
+def load_template(name_or_path: str) -> Template:
+    """Load a shipped template by name (``search``) or any template file by path.
+
+    Raises:
+        ValueError: the template does not exist or has no ``{question}`` slot.
+    """
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = TEMPLATE_DIR / f"{name_or_path}.txt"
+    if not path.is_file():
+        raise ValueError(f"template {name_or_path!r} not found: it is neither a file nor one of the shipped "
+                         f"templates {available_templates()} in {TEMPLATE_DIR}")
+    text = path.read_text(encoding="utf-8")
+    if QUESTION_SLOT not in text:
+        raise ValueError(f"template {path} has no {QUESTION_SLOT} slot; add one where the question goes")
+    return Template(name=path.stem, path=path, text=text)
+
+
+def format_passages(contents: Sequence[str]) -> str:
+    """Number retrieved passages for the ``{passages}`` slot, one per line.
+
+    Each passage is a corpus ``contents`` string, ``"Title"\\ntext``.
+
+    >>> format_passages(['"Paris"\\nParis is the capital of France.'])
+    'Doc 1 (Title: Paris) Paris is the capital of France.'
+    """
+    lines = []
+    for i, passage in enumerate(contents, start=1):
+        title, _, text = passage.partition("\n")
+        lines.append(f"Doc {i} (Title: {title.strip().strip(chr(34))}) {text.strip()}")
+    return "\n".join(lines)
+
+
+def render_prompt(template: Template, question: str, passages: Sequence[str] | None = None) -> str:
+    """Fill the template's slots.
+
+    Raises:
+        ValueError: passages are missing for a template that has a ``{passages}`` slot, or given for one without.
+    """
+    if template.needs_passages and passages is None:
+        raise ValueError(f"template {template.path} has a {PASSAGES_SLOT} slot: pass the retrieved passages")
+    if passages is not None and not template.needs_passages:
+        raise ValueError(f"template {template.path} has no {PASSAGES_SLOT} slot but passages were given")
+    values = {QUESTION_SLOT: question, PASSAGES_SLOT: format_passages(passages) if passages is not None else ""}
+    # One pass, so a question or passage that happens to contain "{passages}" or "{question}" is left alone.
+    return _SLOTS.sub(lambda m: values[m.group(0)], template.text)
