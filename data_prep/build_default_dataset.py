@@ -1,0 +1,293 @@
+"""Build the shipped mini benchmark under ``data/datasets/`` from the raw snapshot, deterministically.
+
+Files written (all with the ``search`` template, rows as :mod:`data_prep.rows` describes):
+
+- ``nq_hotpotqa_mini/train.parquet`` and ``nq_hotpotqa_mini/test.parquet``: NQ questions from the lost-in-the-middle
+  oracle file and HotpotQA questions from the IRCoT dev subsample and HippoRAG's train sample, kept only when
+  every gold passage of the question is in the shipped corpus. Test takes a fixed number per source, the rest
+  is train; HippoRAG's HotpotQA *train* questions always go to train.
+- ``eval/musique_test.parquet`` (HippoRAG's MuSiQue sample, gold paragraphs checked against the corpus the same way),
+  ``eval/2wikimultihopqa_test.parquet`` and ``eval/bamboogle_test.parquet`` (R1-Searcher's eval files; their
+  evidence is not known to be in the corpus): evaluation only.
+- ``MANIFEST.json``: per file the row counts per source, the inputs (path, repository, commit, sha256, licence),
+  the selection rule, the evidence check, and the sha256 of the file.
+
+The split is decided by sorting each source's questions by SHA-256 of ``SALT|source|question id`` and taking the
+first ``n_test``: it does not depend on file order, and a rebuild from the same raw files gives the same bytes.
+No test question (compared case-insensitively after normalisation) may appear in train; the build fails if one
+does. Run::
+
+    python -m data_prep.build_default_dataset            # --raw ../shared/data/raw --out data/datasets
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from data_prep.build_corpus import DEFAULT_RAW, normalise, split_wiki18_contents
+from data_prep.qa_to_parquet import ConversionReport, InputSpec, Question, build_rows, collect
+from data_prep.rows import normalise_question, question_key, write_rows
+from data_prep.templates import load_template
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = REPO_ROOT / "data" / "datasets"
+DEFAULT_CORPUS = REPO_ROOT / "data" / "corpus" / "wiki_mini.jsonl.gz"
+SALT = "search-rl-default-dataset-v1"
+TEMPLATE = "search"
+COMMAND = "python -m data_prep.build_default_dataset"
+
+Passage = tuple[str, str]  # (title, text), whitespace-normalised as in build_corpus
+
+
+@dataclass(frozen=True)
+class RawFile:
+    """One raw input file, its provenance (from shared/data/raw/SOURCES.md) and how to read it."""
+
+    rel: str
+    """Path under the raw folder."""
+    source: str
+    fmt: str
+    repo: str
+    commit: str
+    path_in_repo: str
+    licence: str
+    evidence: Callable[[Path], dict[str, list[Passage]]] | None = None
+    """Gold passages per question key (see ``Question.key``), or None when the file carries none."""
+
+
+def _open_text(path: Path) -> Any:
+    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")
+
+
+def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    with _open_text(path) as f:
+        yield from (json.loads(line) for line in f if line.strip())
+
+
+def _json(path: Path) -> Any:
+    with _open_text(path) as f:
+        return json.load(f)
+
+
+def _passage(title: str, text: str) -> Passage:
+    return normalise(title), normalise(text)
+
+
+def _evidence_nq_oracle(path: Path) -> dict[str, list[Passage]]:
+    return {question_key(normalise_question(r["question"])): [_passage(c["title"], c["text"]) for c in r["ctxs"]
+                                                              if c.get("isgold")] for r in _jsonl(path)}
+
+
+def _evidence_ircot(path: Path) -> dict[str, list[Passage]]:
+    return {r["question_id"]: [_passage(c["title"], c["paragraph_text"]) for c in r["contexts"] if c["is_supporting"]]
+            for r in _jsonl(path)}
+
+
+def _evidence_hotpotqa(path: Path) -> dict[str, list[Passage]]:
+    out = {}
+    for r in _json(path):
+        titles = {title for title, _ in r["supporting_facts"]}
+        out[r["_id"]] = [_passage(title, "".join(sents)) for title, sents in r["context"] if title in titles]
+    return out
+
+
+def _evidence_musique(path: Path) -> dict[str, list[Passage]]:
+    return {r["id"]: [_passage(p["title"], p["paragraph_text"]) for p in r["paragraphs"] if p["is_supporting"]]
+            for r in _json(path)}
+
+
+_NQ_LICENCE = "NQ: CC BY-SA 3.0; Wikipedia text: CC BY-SA"
+_HOTPOT_LICENCE = "HotpotQA: CC BY-SA 4.0"
+NQ_ORACLE = RawFile("nelson-liu__lost-in-the-middle/nq-open-oracle.jsonl.gz", "nq", "dpr",
+                    "nelson-liu/lost-in-the-middle", "29b8a6d042ce29abccee3db1a73171a107d7e6af",
+                    "qa_data/nq-open-oracle.jsonl.gz", f"{_NQ_LICENCE}; repository MIT", _evidence_nq_oracle)
+HOTPOT_IRCOT = RawFile("xindili-cmu__anlp-project-multihop/dev_subsampled.jsonl.gz", "hotpotqa", "ircot",
+                       "xindili-cmu/anlp-project-multihop", "df0d5757f42f098ab6026f40323e91c369307506",
+                       "processed_data/hotpotqa/dev_subsampled.jsonl", f"{_HOTPOT_LICENCE}; repository Apache-2.0",
+                       _evidence_ircot)
+HOTPOT_HIPPORAG = RawFile("OSU-NLP-Group__HippoRAG/hotpotqa_train.json", "hotpotqa", "hotpotqa",
+                          "OSU-NLP-Group/HippoRAG", "b144c46df14cabe5f5822d8caded4bec5f709461",
+                          "data/hotpotqa_train.json", f"{_HOTPOT_LICENCE}; repository MIT", _evidence_hotpotqa)
+MUSIQUE_HIPPORAG = RawFile("OSU-NLP-Group__HippoRAG/musique_train.json", "musique", "musique",
+                           "OSU-NLP-Group/HippoRAG", "b144c46df14cabe5f5822d8caded4bec5f709461",
+                           "data/musique_train.json", "MuSiQue: CC BY 4.0; repository MIT", _evidence_musique)
+_R1 = ("RUCAIBox/R1-Searcher", "631167cbb3c2464f805730e3e364a690f5b136d4")
+TWOWIKI_R1 = RawFile("RUCAIBox__R1-Searcher/2wiki_500.jsonl", "2wikimultihopqa", "r1searcher", *_R1,
+                     "data/eval_set/2wiki_500.jsonl", "2WikiMultihopQA: licence not checked; repository MIT")
+BAMBOOGLE_R1 = RawFile("RUCAIBox__R1-Searcher/bamboogle.jsonl", "bamboogle", "r1searcher", *_R1,
+                       "data/eval_set/bamboogle.jsonl", "Bamboogle: licence not checked; repository MIT")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How many questions per source go to the NQ/HotpotQA test split (the rest of the pool is train)."""
+
+    nq_test: int = 400
+    hotpotqa_test: int = 200
+
+
+@dataclass
+class Pool:
+    """Questions of one source, with the files they came from and what the evidence check removed."""
+
+    questions: list[Question]
+    files: list[RawFile]
+    evidence: dict[str, dict[str, int]]
+    """Per raw file (``RawFile.rel``) with gold passages: questions kept and dropped by the corpus check."""
+
+
+def load_corpus_keys(corpus: Path) -> set[Passage]:
+    """(title, text) of every passage of a corpus jsonl, normalised as build_corpus writes them."""
+    return {split_wiki18_contents(row["contents"]) for row in _jsonl(corpus)}
+
+
+def _read(raw: Path, files: Sequence[RawFile], corpus_keys: set[Passage] | None) -> Pool:
+    """Collect questions of ``files``; with ``corpus_keys``, keep only those whose gold passages are all in it."""
+    questions: list[Question] = []
+    evidence: dict[str, dict[str, int]] = {}
+    for rf in files:
+        path = raw / rf.rel
+        found = collect([InputSpec(rf.source, path, rf.fmt)], ConversionReport())
+        if corpus_keys is None or rf.evidence is None:
+            questions += found
+            continue
+        gold = rf.evidence(path)
+        counts: Counter[str] = Counter()
+        for q in found:
+            passages = gold.get(q.key)
+            if not passages:
+                raise ValueError(f"{q.where}: no gold passage recorded for question {q.key!r}; cannot check it")
+            if all(p in corpus_keys for p in passages):
+                counts["kept_gold_in_corpus"] += 1
+                questions.append(q)
+            else:
+                counts["dropped_gold_not_in_corpus"] += 1
+        evidence[rf.rel] = {k: counts[k] for k in ("kept_gold_in_corpus", "dropped_gold_not_in_corpus")}
+    return Pool(questions, list(files), evidence)
+
+
+def _split_order(q: Question) -> str:
+    return hashlib.sha256(f"{SALT}|{q.source}|{q.key}".encode()).hexdigest()
+
+
+def split_pool(
+    questions: Sequence[Question], n_test: int, train_only: set[Path]
+) -> tuple[list[Question], list[Question]]:
+    """Deterministic split: the first ``n_test`` questions by hash order go to test, the rest to train.
+
+    Questions read from a path in ``train_only`` are never put in test.
+
+    Raises:
+        ValueError: fewer eligible questions than ``n_test``.
+    """
+    ordered = sorted(questions, key=_split_order)
+    eligible = [q for q in ordered if q.where.path not in train_only]
+    if len(eligible) < n_test:
+        raise ValueError(f"only {len(eligible)} questions can go to test, {n_test} asked")
+    test = eligible[:n_test]
+    test_keys = {id(q) for q in test}
+    return [q for q in ordered if id(q) not in test_keys], test
+
+
+def _overlap_key(question: str) -> str:
+    return question.casefold().rstrip("?").strip()
+
+
+def check_disjoint(train: Sequence[Question], tests: dict[str, Sequence[Question]]) -> None:
+    """Raise ValueError if any test question also occurs in train (case-insensitive, trailing ``?`` ignored)."""
+    seen = {_overlap_key(q.question): q for q in train}
+    for name, questions in tests.items():
+        clash = [(q, seen[_overlap_key(q.question)]) for q in questions if _overlap_key(q.question) in seen]
+        if clash:
+            q, t = clash[0]
+            raise ValueError(f"{len(clash)} questions of {name} are also in train, e.g. {q.where} and {t.where}: "
+                             f"{q.question!r}")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _input_entry(raw: Path, rf: RawFile) -> dict[str, str]:
+    return {"file": rf.rel, "source": rf.source, "format": rf.fmt, "repository": rf.repo, "commit": rf.commit,
+            "path_in_repository": rf.path_in_repo, "licence": rf.licence, "sha256": _sha256(raw / rf.rel)}
+
+
+def build(raw: Path, corpus: Path, out: Path, sizes: Sizes = Sizes()) -> dict[str, Any]:
+    """Build every shipped file under ``out`` and return the manifest (also written to ``out/MANIFEST.json``)."""
+    template = load_template(TEMPLATE)
+    corpus_keys = load_corpus_keys(corpus)
+    nq = _read(raw, [NQ_ORACLE], corpus_keys)
+    hotpot = _read(raw, [HOTPOT_IRCOT, HOTPOT_HIPPORAG], corpus_keys)
+    nq_train, nq_test = split_pool(nq.questions, sizes.nq_test, set())
+    hp_train, hp_test = split_pool(hotpot.questions, sizes.hotpotqa_test, {raw / HOTPOT_HIPPORAG.rel})
+    pools = {"musique": _read(raw, [MUSIQUE_HIPPORAG], corpus_keys), "2wikimultihopqa": _read(raw, [TWOWIKI_R1], None),
+             "bamboogle": _read(raw, [BAMBOOGLE_R1], None)}
+    split_rule = (f"per source, questions sorted by sha256('{SALT}|<source>|<question id>'); the first n go to test "
+                  "(HippoRAG train questions never do), the rest to train")
+    plan: dict[str, tuple[str, list[Question], list[Pool], str]] = {
+        "nq_hotpotqa_mini/train.parquet": ("train", nq_train + hp_train, [nq, hotpot], split_rule),
+        "nq_hotpotqa_mini/test.parquet": ("test", nq_test + hp_test, [nq, hotpot],
+                                          f"{split_rule}; n = {sizes.nq_test} nq, {sizes.hotpotqa_test} hotpotqa"),
+    }
+    for name, pool in pools.items():
+        rule = "all questions" + (", kept when every gold paragraph is in the corpus" if pool.evidence else "")
+        plan[f"eval/{name}_test.parquet"] = ("test", pool.questions, [pool], rule + "; evaluation only")
+    check_disjoint(plan["nq_hotpotqa_mini/train.parquet"][1],
+                   {name: qs for name, (split, qs, _, _) in plan.items() if split == "test"})
+
+    files: dict[str, Any] = {}
+    for name, (split, questions, used, rule) in plan.items():
+        rows = build_rows(questions, split, template)
+        write_rows(rows, out / name)
+        files[name] = {
+            "split": split,
+            "rows": len(rows),
+            "rows_per_source": dict(sorted(Counter(r["data_source"] for r in rows).items())),
+            "selection": rule,
+            "evidence_check": {rel: counts for p in used for rel, counts in p.evidence.items()},
+            "inputs": [_input_entry(raw, rf) for p in used for rf in p.files],
+            "sha256": _sha256(out / name),
+        }
+    manifest = {
+        "description": "search-rl default mini benchmark; see docs/data.md",
+        "command": COMMAND,
+        "builder": "data_prep/build_default_dataset.py",
+        "template": {"name": TEMPLATE, "file": "configs/templates/search.txt", "sha256": _sha256(template.path)},
+        "corpus": {"file": "data/corpus/wiki_mini.jsonl.gz", "passages": len(corpus_keys), "sha256": _sha256(corpus)},
+        "train_test_disjoint": "checked: no test question (case-insensitive) occurs in train",
+        "files": files,
+    }
+    (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m data_prep.build_default_dataset", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--raw", type=Path, default=DEFAULT_RAW, help="raw snapshot folder (default: %(default)s)")
+    ap.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS, help="shipped corpus (default: %(default)s)")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: %(default)s)")
+    args = ap.parse_args(argv)
+    try:
+        manifest = build(args.raw, args.corpus, args.out)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    for name, info in manifest["files"].items():
+        print(f"{name}: {info['rows']} rows {info['rows_per_source']} evidence {info['evidence_check'] or '-'}")
+    print(f"wrote {args.out / 'MANIFEST.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""The retrieval ceiling of a test set: the fraction of questions with a gold answer in the top-k passages.
+
+A search policy that issues the question itself as its query cannot beat this figure on exact match unless the
+model already knows the answer, so it is the number to read training curves against. Matching uses SQuAD-style
+normalisation (lower-case, punctuation and the articles a/an/the removed, whitespace collapsed), the same as the
+QA exact-match reward, and counts a hit when a normalised answer occurs in a normalised passage as whole words
+(so the answer "1" does not match "1988").
+
+Library use: ``answer_in_topk_fraction(rows, retrieve_fn, k=3)``. Against a running retriever service
+(``POST /retrieve``, Search-R1's contract)::
+
+    python -m data_prep.ceiling --url http://127.0.0.1:8000/retrieve --topk 3 data/datasets/eval/*.parquet
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import string
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+RetrieveFn = Callable[[list[str]], list[list[str]]]
+"""Takes a batch of questions and returns, per question, passage ``contents`` strings best first."""
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = str.maketrans("", "", string.punctuation)
+
+
+def normalise_answer(text: str) -> str:
+    """SQuAD answer normalisation.
+
+    >>> normalise_answer("The  Eiffel-Tower!")
+    'eiffeltower'
+    """
+    return " ".join(_ARTICLES.sub(" ", text.lower().translate(_PUNCT)).split())
+
+
+def has_answer(passages: Sequence[str], answers: Sequence[str]) -> bool:
+    """True if some normalised answer occurs as whole words in some normalised passage (empty answers never match).
+
+    >>> has_answer(['"Paris"\\nParis is the capital of France.'], ["paris"])
+    True
+    """
+    targets = [a for a in (normalise_answer(x) for x in answers) if a]
+    texts = [f" {normalise_answer(p)} " for p in passages]
+    return any(f" {a} " in t for a in targets for t in texts)
+
+
+def _question_and_answers(row: Mapping[str, Any]) -> tuple[str, list[str]]:
+    try:
+        return row["question"], list(row["reward_model"]["ground_truth"]["target"])
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"row {row.get('extra_info')} lacks 'question' or reward_model.ground_truth.target; "
+                         "rows must come from data_prep.qa_to_parquet") from e
+
+
+def answer_in_topk_fraction(
+    rows: Iterable[Mapping[str, Any]], retrieve_fn: RetrieveFn, k: int = 3, batch_size: int = 64
+) -> float:
+    """Fraction of rows for which a gold answer appears in the first ``k`` passages retrieved for the question.
+
+    Args:
+        rows: Search-R1 rows as written by ``qa_to_parquet`` (``question`` and ``reward_model`` are used).
+        retrieve_fn: batch of questions -> per question a list of passage contents, best first.
+        k: how many passages count; passages beyond ``k`` are ignored.
+        batch_size: questions per call to ``retrieve_fn``.
+
+    Raises:
+        ValueError: no rows, ``k < 1``, a row without question/answers, or ``retrieve_fn`` returned a list of
+            the wrong length.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    pairs = [_question_and_answers(r) for r in rows]
+    if not pairs:
+        raise ValueError("no rows to measure")
+    hits = 0
+    for start in range(0, len(pairs), batch_size):
+        batch = pairs[start : start + batch_size]
+        results = retrieve_fn([q for q, _ in batch])
+        if len(results) != len(batch):
+            raise ValueError(f"retrieve_fn returned {len(results)} result lists for {len(batch)} questions")
+        hits += sum(has_answer(passages[:k], answers) for passages, (_, answers) in zip(results, batch, strict=True))
+    return hits / len(pairs)
+
+
+def http_retrieve_fn(url: str, k: int, timeout_s: float = 60.0, client: Any = None) -> RetrieveFn:
+    """A ``retrieve_fn`` that calls a retriever service's ``POST /retrieve`` (bare or scored documents)."""
+    import httpx  # only needed for the command line
+
+    http = client or httpx.Client(timeout=timeout_s)
+
+    def retrieve(questions: list[str]) -> list[list[str]]:
+        resp = http.post(url, json={"queries": questions, "topk": k, "return_scores": False})
+        resp.raise_for_status()
+        return [[d["document"]["contents"] if "document" in d else d["contents"] for d in docs]
+                for docs in resp.json()["result"]]
+
+    return retrieve
+
+
+def main(argv: list[str] | None = None) -> int:
+    import pyarrow.parquet as pq
+
+    ap = argparse.ArgumentParser(prog="python -m data_prep.ceiling", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("files", nargs="+", type=Path, help="parquet files written by qa_to_parquet")
+    ap.add_argument("--url", default="http://127.0.0.1:8000/retrieve", help="retriever endpoint")
+    ap.add_argument("--topk", type=int, default=3, help="passages that count (default: 3)")
+    args = ap.parse_args(argv)
+    retrieve = http_retrieve_fn(args.url, args.topk)
+    for path in args.files:
+        rows = pq.read_table(path).to_pylist()
+        for source in sorted({r["data_source"] for r in rows}):
+            subset = [r for r in rows if r["data_source"] == source]
+            fraction = answer_in_topk_fraction(subset, retrieve, k=args.topk)
+            print(f"{path} {source}: {fraction:.3f} of {len(subset)} questions have a gold answer "
+                  f"in the top {args.topk}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
