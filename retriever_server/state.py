@@ -1,0 +1,19 @@
+"""What the app holds while it runs: settings, metrics and, once loaded, the search service."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from retriever_server.metrics import ServiceMetrics
+from retriever_server.service import SearchService
+from retriever_server.settings import Settings
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    metrics: ServiceMetrics = field(default_factory=ServiceMetrics)
+    service: SearchService | None = None
+    index_path: str | None = None
+    error: str | None = None
+    """Why loading failed, if it did."""

@@ -1,0 +1,77 @@
+"""Shared fixtures: real retriever servers (uvicorn child processes) over the shipped corpus.
+
+``retriever_url`` serves BM25 (index builds in about a second). ``dense_retriever_url`` serves the default dense
+index (MiniLM + FAISS Flat); it is built once into the user cache (~/.cache/search-rl/indexes) and reused by later
+runs, so only the first run on a machine pays for encoding the corpus.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from retriever_server.launcher import RetrieverProcess
+from retriever_server.settings import SHIPPED_CORPUS, default_cache_dir
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+SHARED_RAW = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "raw"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        has_cuda = False
+    if not has_cuda:
+        skip = pytest.mark.skip(reason="needs CUDA")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def shared_raw() -> Path:
+    """The raw data snapshot next to the checkout (``../shared/data/raw``)."""
+    if not SHARED_RAW.is_dir():
+        pytest.fail(f"raw data snapshot not found at {SHARED_RAW}; the tests need ../shared/data/raw")
+    return SHARED_RAW
+
+
+@pytest.fixture(scope="session")
+def shared_index_dir() -> Path:
+    """Index cache shared across test runs (dense builds take minutes; reuse them)."""
+    return default_cache_dir() / "indexes"
+
+
+@pytest.fixture(scope="session")
+def retriever_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """URL of a real uvicorn retriever serving BM25 over the shipped corpus."""
+    env = {
+        "RETRIEVER_METHOD": "bm25",
+        "RETRIEVER_CORPUS_PATH": str(SHIPPED_CORPUS),
+        "RETRIEVER_INDEX_DIR": str(tmp_path_factory.mktemp("bm25-index")),
+        "RETRIEVER_SHOW_PROGRESS": "false",
+    }
+    log = tmp_path_factory.mktemp("logs") / "retriever-bm25.log"
+    with RetrieverProcess(env=env, ready_timeout_s=180, log_path=log) as server:
+        yield server.url
+
+
+@pytest.fixture(scope="session")
+def dense_retriever_url(shared_index_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """URL of a real uvicorn retriever serving the default dense index over the shipped corpus."""
+    env = {
+        "RETRIEVER_METHOD": "dense",
+        "RETRIEVER_CORPUS_PATH": str(SHIPPED_CORPUS),
+        "RETRIEVER_INDEX_DIR": str(shared_index_dir),
+    }
+    log = tmp_path_factory.mktemp("logs") / "retriever-dense.log"
+    with RetrieverProcess(env=env, ready_timeout_s=1500, log_path=log) as server:
+        yield server.url
