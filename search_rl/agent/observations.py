@@ -1,0 +1,144 @@
+"""Observations inserted into the response: retrieved passages, corrective feedback, retriever errors.
+
+Retrieved passages become ``\\n\\n<information>Doc 1(Title: T) text\\nDoc 2(Title: U) text</information>\\n\\n``
+(Search-R1's layout). Each fixed piece (tags, ``Doc i(Title: …)`` headers, separators) and each passage text is
+encoded separately and the ids concatenated, so passage text can be cut at an exact token count while the tags
+are never cut; decoding the ids gives back exactly ``Observation.text``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from transformers import PreTrainedTokenizerBase
+
+from search_rl.agent.actions import INFO_CLOSE, INFO_OPEN
+from search_rl.datatypes import Passage
+
+OBS_PREFIX = f"\n\n{INFO_OPEN}"
+OBS_SUFFIX = f"{INFO_CLOSE}\n\n"
+DOC_SEPARATOR = "\n"
+RETRIEVER_ERROR_TEXT = "Search failed: the search engine is unavailable. Answer with what I already know."
+"""Body of the observation shown when the retriever fails and ``rollout.on_retriever_error=observe``."""
+NO_RESULTS_TEXT = "No results."
+"""Body of the observation when the retriever returns no passage for a query."""
+
+
+def doc_header(index: int, title: str) -> str:
+    """``Doc {index}(Title: {title})`` — the text before a passage (1-based index)."""
+    return f"Doc {index}(Title: {title})"
+
+
+def format_passages(passages: Sequence[Passage]) -> str:
+    """The full, untruncated observation text for ``passages`` (what ``build`` produces with a large budget).
+
+    >>> format_passages([Passage("7", "Paris", "Paris is the capital of France.")])
+    '\\n\\n<information>Doc 1(Title: Paris) Paris is the capital of France.</information>\\n\\n'
+    """
+    body = DOC_SEPARATOR.join(f"{doc_header(i + 1, p.title)} {p.text}" for i, p in enumerate(passages))
+    return OBS_PREFIX + (body or NO_RESULTS_TEXT) + OBS_SUFFIX
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Token ids to insert (mask 0), their exact decoded text, and what was cut to fit the budget."""
+
+    ids: tuple[int, ...]
+    text: str
+    tokens_truncated: int = 0
+    passages_dropped: int = 0
+
+
+def water_fill(lengths: Sequence[int], budget: int) -> list[int]:
+    """Largest per-item allowances with sum <= ``budget``: short items keep everything, long ones share the rest.
+
+    >>> water_fill([5, 100, 100], 45)
+    [5, 20, 20]
+    """
+    allow = [0] * len(lengths)
+    remaining, left = budget, len(lengths)
+    for i in sorted(range(len(lengths)), key=lambda j: lengths[j]):
+        share = remaining // left
+        allow[i] = min(lengths[i], share)
+        remaining -= allow[i]
+        left -= 1
+    return allow
+
+
+class ObservationBuilder:
+    """Encodes observations for one tokenizer, caching the ids of the fixed pieces."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = tokenizer
+        self._prefix = self._encode(OBS_PREFIX)
+        self._suffix = self._encode(OBS_SUFFIX)
+        self._sep = self._encode(DOC_SEPARATOR)
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False))
+
+    @property
+    def min_tokens(self) -> int:
+        """Tokens of an observation with an empty body (the tags alone)."""
+        return len(self._prefix) + len(self._suffix)
+
+    def text(self, body: str, max_tokens: int) -> Observation | None:
+        """A plain observation (error messages); the body is cut to fit. None if even the tags do not fit."""
+        body_ids = self._encode(body)
+        room = max_tokens - self.min_tokens
+        if room < 0:
+            return None
+        kept = self._cut(body_ids, room)
+        ids = self._prefix + kept + self._suffix
+        return Observation(tuple(ids), self._decode(ids), tokens_truncated=len(body_ids) - len(kept))
+
+    def feedback(self, text: str, max_tokens: int) -> Observation | None:
+        """Corrective feedback inserted as is (no tags); None if it does not fit in ``max_tokens``."""
+        ids = self._encode(text)
+        return Observation(tuple(ids), self._decode(ids)) if len(ids) <= max_tokens else None
+
+    def passages(self, passages: Sequence[Passage], max_tokens: int) -> Observation | None:
+        """The observation for retrieved ``passages`` within ``max_tokens``; None if even the tags do not fit.
+
+        Passage texts share what the fixed pieces leave (``water_fill``); trailing passages are dropped whole only
+        when their headers alone do not fit. Both are counted in the result.
+        """
+        if not passages:
+            return self.text(NO_RESULTS_TEXT, max_tokens)
+        heads = [self._encode(doc_header(i + 1, p.title)) for i, p in enumerate(passages)]
+        bodies = [self._encode(" " + p.text) for p in passages]
+        n = len(passages)
+        while n > 0 and self.min_tokens + sum(len(h) for h in heads[:n]) + len(self._sep) * (n - 1) > max_tokens:
+            n -= 1
+        if n == 0:  # not even one header fits: the tags alone, everything counted as cut
+            obs = self.text("", max_tokens)
+            if obs is None:
+                return None
+            return Observation(obs.ids, obs.text, sum(len(b) for b in bodies), len(passages))
+        room = max_tokens - self.min_tokens - sum(len(h) for h in heads[:n]) - len(self._sep) * (n - 1)
+        allow = water_fill([len(b) for b in bodies[:n]], room)
+        ids = list(self._prefix)
+        truncated = sum(len(b) for b in bodies[n:])
+        for i in range(n):
+            if i:
+                ids += self._sep
+            kept = self._cut(bodies[i], allow[i])
+            truncated += len(bodies[i]) - len(kept)
+            ids += heads[i] + kept
+        ids += self._suffix
+        return Observation(tuple(ids), self._decode(ids), truncated, len(passages) - n)
+
+    def _cut(self, ids: list[int], n: int) -> list[int]:
+        """First ``n`` ids, backing off so a multi-byte character is not split (its bytes would decode to U+FFFD)."""
+        if len(ids) <= n:
+            return ids
+        kept = ids[:n]
+        for _ in range(3):  # a UTF-8 character spans at most 4 byte-level tokens
+            if not kept or not self._decode(kept).endswith("\ufffd"):
+                break
+            kept = kept[:-1]
+        return kept

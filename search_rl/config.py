@@ -1,0 +1,153 @@
+"""Typed configuration: plain dataclasses, one per Hydra config group, each given only to the component it configures.
+
+This module holds the rollout side (``RolloutConfig``, ``RetrieverClientConfig``, ``HFEngineConfig``); the trainer
+adds its groups here and registers them in Hydra's ``ConfigStore``. Single-field checks live in ``__post_init__``;
+checks that need another component (the engine's context length) live in ``validate`` methods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+START_RETRIEVER_HINT = (
+    "start it with `RETRIEVER_METHOD=bm25 python -m uvicorn retriever_server.app:app --host 127.0.0.1 --port 8000` "
+    "and point retriever.url at it"
+)
+"""How to start the retriever; quoted in every error about an unreachable retriever."""
+
+
+@dataclass
+class RetrieverClientConfig:
+    """How the rollout talks to the retriever service (``POST {url}/retrieve``)."""
+
+    url: str = "http://127.0.0.1:8000"
+    """Base URL(s) of the retriever, comma-separated for several replicas (used round-robin, with failover).
+    A trailing ``/retrieve`` is accepted and stripped. Quote it on the Hydra command line:
+    ``retriever.url='http://a:8000,http://b:8000'``."""
+    topk: int = 3
+    """Passages returned per query."""
+    timeout_s: float = 30.0
+    """Timeout of one HTTP request (connect, read, write and pool), in seconds."""
+    max_retries: int = 3
+    """Retries after the first attempt on connection errors, timeouts and 5xx/429 answers (0 = one attempt)."""
+    backoff_s: float = 0.5
+    """Wait before the first retry; doubled each further retry, capped at ``backoff_max_s``."""
+    backoff_max_s: float = 8.0
+    """Longest wait between two retries, in seconds."""
+    max_queries_per_request: int = 64
+    """Queries per HTTP request; larger batches are split into chunks sent concurrently."""
+    max_concurrency: int = 8
+    """Most requests in flight at once from one client."""
+    trust_env: bool = False
+    """Honour HTTP(S)_PROXY/NO_PROXY environment variables (off: the retriever is normally on a private network)."""
+
+    def __post_init__(self) -> None:
+        if not self.urls:
+            raise ValueError("retriever.url is empty; give at least one base URL such as http://127.0.0.1:8000")
+        for name in ("topk", "max_queries_per_request", "max_concurrency"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"retriever.{name} must be >= 1, got {getattr(self, name)}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"retriever.timeout_s must be > 0, got {self.timeout_s}")
+        if self.max_retries < 0 or self.backoff_s < 0 or self.backoff_max_s < 0:
+            raise ValueError("retriever.max_retries, backoff_s and backoff_max_s must be >= 0")
+
+    @property
+    def urls(self) -> list[str]:
+        """The base URLs, without trailing ``/`` or ``/retrieve``."""
+        out = []
+        for raw in self.url.split(","):
+            u = raw.strip().rstrip("/")
+            if u.endswith("/retrieve"):
+                u = u[: -len("/retrieve")]
+            if u:
+                out.append(u)
+        return out
+
+
+@dataclass
+class RolloutConfig:
+    """The multi-turn search loop: turns, length budgets, sampling and failure policy."""
+
+    do_search: bool = True
+    """Execute ``<search>`` actions; when false every episode is a single answer turn."""
+    max_turns: int = 4
+    """Search turns; one further final turn follows, in which search is off and the model must answer."""
+    max_prompt_tokens: int = 1024
+    """Longest prompt; longer prompts are an error or are cut from the left (``prompt_truncation``)."""
+    max_turn_tokens: int = 256
+    """Most tokens the model may generate in one turn."""
+    max_obs_tokens: int = 512
+    """Most tokens of one inserted observation; passage text is cut to fit, the tags never are."""
+    max_response_tokens: int = 2048
+    """Most tokens of the whole response (model turns plus observations); the episode ends when it is spent."""
+    max_query_chars: int = 512
+    """Longest accepted search query; longer ones are invalid actions."""
+    temperature: float = 1.0
+    """Sampling temperature (ignored when ``greedy``)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1.0 = off)."""
+    top_k: int = 0
+    """Top-k sampling (0 = off)."""
+    greedy: bool = False
+    """Argmax decoding (validation and evaluation)."""
+    seed: int | None = None
+    """Sampling seed for reproducible rollouts; None = not seeded."""
+    prompt_truncation: Literal["error", "left"] = "error"
+    """What to do with a prompt over ``max_prompt_tokens``: raise, or drop its leftmost tokens (counted)."""
+    on_retriever_error: Literal["raise", "observe"] = "raise"
+    """After the client's retries are spent: fail the step (``raise``), or show the model an error observation and
+    count it in ``rollout/retriever_errors`` (``observe``)."""
+
+    def __post_init__(self) -> None:
+        positive = ("max_prompt_tokens", "max_turn_tokens", "max_obs_tokens", "max_response_tokens", "max_query_chars")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_turns < 0:
+            raise ValueError(f"rollout.max_turns must be >= 0, got {self.max_turns}")
+        if self.max_turn_tokens > self.max_response_tokens:
+            raise ValueError(
+                f"rollout.max_turn_tokens={self.max_turn_tokens} exceeds rollout.max_response_tokens="
+                f"{self.max_response_tokens}; a single turn could never fit the response budget"
+            )
+        if self.max_obs_tokens < 16:
+            raise ValueError(
+                f"rollout.max_obs_tokens={self.max_obs_tokens} is too small to hold the <information> tags and any "
+                "text; use at least 16 (a few hundred is typical)"
+            )
+        if self.prompt_truncation not in ("error", "left"):
+            raise ValueError(f"rollout.prompt_truncation must be 'error' or 'left', got {self.prompt_truncation!r}")
+        if self.on_retriever_error not in ("raise", "observe"):
+            raise ValueError(
+                f"rollout.on_retriever_error must be 'raise' or 'observe', got {self.on_retriever_error!r}"
+            )
+
+    def validate(self, max_model_len: int) -> None:
+        """Cross-check the budgets against the engine's context length.
+
+        Raises:
+            ValueError: if a longest prompt plus a longest response cannot fit the model's context.
+        """
+        need = self.max_prompt_tokens + self.max_response_tokens
+        if need > max_model_len:
+            raise ValueError(
+                f"rollout.max_prompt_tokens ({self.max_prompt_tokens}) + rollout.max_response_tokens "
+                f"({self.max_response_tokens}) = {need} exceeds the model's context of {max_model_len} tokens; "
+                "lower one of them"
+            )
+
+
+@dataclass
+class HFEngineConfig:
+    """The transformers generation backend (CPU default)."""
+
+    max_batch_size: int = 64
+    """Most sequences decoded together; larger calls are processed in consecutive micro-batches."""
+    max_model_len: int | None = None
+    """Context length; None = the model's ``max_position_embeddings``."""
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise ValueError(f"engine.max_batch_size must be >= 1, got {self.max_batch_size}")

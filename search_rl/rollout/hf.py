@@ -1,0 +1,223 @@
+"""HF transformers generation backend: batched, left-padded, KV-cached decoding with per-sample stop strings.
+
+A hand-written decode loop rather than ``model.generate`` because the rollout needs, per sample: the exact sampled
+ids, their log-probs, the stop string that ended it, and nothing after that stop. Finished rows are dropped from the
+batch and the KV cache (``DynamicCache.batch_select_indices``), so a sample that stops early costs nothing more.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+import torch
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from search_rl.config import HFEngineConfig
+from search_rl.datatypes import FinishReason, Generated, SamplingParams
+from search_rl.rollout.base import check_generate_args
+
+logger = logging.getLogger(__name__)
+
+
+class LogitsProcessor(Protocol):
+    """Hook that may rewrite next-token logits: ``(context ids per active row, logits (R, V)) -> logits (R, V)``."""
+
+    def __call__(self, contexts: list[list[int]], logits: torch.Tensor) -> torch.Tensor: ...
+
+
+class HFEngine:
+    """``RolloutEngine`` over a transformers causal LM (CPU default; works on CUDA too).
+
+    Args:
+        model: a causal LM; its device and dtype are used as they are.
+        tokenizer: the model's tokenizer (decodes the generated tail to detect stop strings).
+        cfg: batching and context settings.
+        logits_processor: optional hook applied to raw logits before sampling (tests use it to script a model).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        cfg: HFEngineConfig | None = None,
+        logits_processor: LogitsProcessor | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.cfg = cfg or HFEngineConfig()
+        self.logits_processor = logits_processor
+        self._version = 0
+        eos = model.generation_config.eos_token_id if model.generation_config is not None else None
+        ids = set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id}
+        self._eos = tuple(sorted(i for i in ids if i is not None))
+        if not self._eos:
+            raise ValueError("HFEngine: neither the model's generation_config nor the tokenizer defines an EOS token")
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self._eos
+
+    @property
+    def max_model_len(self) -> int:
+        return self.cfg.max_model_len or int(self.model.config.max_position_embeddings)
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Copy tensors into the model's parameters/buffers of the same names.
+
+        Raises:
+            KeyError: for a name the model does not have. ValueError: for a shape mismatch.
+        """
+        own = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
+        n = 0
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                if name not in own:
+                    raise KeyError(f"HFEngine.update_weights: the rollout model has no tensor named {name!r}")
+                if own[name].shape != tensor.shape:
+                    raise ValueError(
+                        f"HFEngine.update_weights: {name} has shape {tuple(tensor.shape)}, "
+                        f"model expects {tuple(own[name].shape)}"
+                    )
+                own[name].copy_(tensor)
+                n += 1
+        self._version = version
+        logger.debug("HFEngine loaded %d tensors, weight version %d", n, version)
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        max_new_tokens: Sequence[int] | None = None,
+    ) -> list[Generated]:
+        limits = check_generate_args(prompts, params, max_new_tokens, self.max_model_len)
+        gen = None
+        if params.seed is not None and not params.greedy:
+            gen = torch.Generator(device=self.model.device).manual_seed(params.seed)
+        # Longest first: similar lengths share a micro-batch, so less padding is computed.
+        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+        out: list[Generated | None] = [None] * len(prompts)
+        bs = self.cfg.max_batch_size
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for start in range(0, len(order), bs):
+                idx = order[start : start + bs]
+                results = self._generate_batch([list(prompts[i]) for i in idx], [limits[i] for i in idx], params, gen)
+                for i, r in zip(idx, results, strict=True):
+                    out[i] = r
+        finally:
+            self.model.train(was_training)
+        return [r for r in out if r is not None]
+
+    @torch.inference_mode()
+    def _generate_batch(
+        self, prompts: list[list[int]], limits: list[int], params: SamplingParams, gen: torch.Generator | None
+    ) -> list[Generated]:
+        device = self.model.device
+        n, width = len(prompts), max(len(p) for p in prompts)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self._eos[0]
+        input_ids = torch.full((n, width), pad, dtype=torch.long, device=device)  # (R, L) left-padded
+        attention = torch.zeros((n, width), dtype=torch.long, device=device)  # (R, L)
+        for i, p in enumerate(prompts):
+            input_ids[i, width - len(p) :] = torch.tensor(p, device=device)
+            attention[i, width - len(p) :] = 1
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)  # (R, L)
+        cache = DynamicCache(config=self.model.config)
+        logits = self._forward(input_ids, attention, positions, cache)  # (R, V)
+        last_pos = positions[:, -1]  # (R,)
+
+        active = list(range(n))  # rows of the current batch tensors -> sample index
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        logps: list[list[float]] = [[] for _ in range(n)]
+        results: list[Generated | None] = [None] * n
+        stops = params.stop
+        window = max((len(s) for s in stops), default=0) + 2
+        while True:
+            if self.logits_processor is not None:
+                logits = self.logits_processor([prompts[i] + tokens[i] for i in active], logits)
+            next_tok, next_lp = _sample(logits, params, gen)  # (R,), (R,)
+            tok_list, lp_list = next_tok.tolist(), next_lp.tolist()
+            for row, i in enumerate(active):
+                tokens[i].append(tok_list[row])
+                logps[i].append(lp_list[row])
+            tails = self.tokenizer.batch_decode([tokens[i][-window:] for i in active]) if stops else []
+            keep: list[int] = []
+            for row, i in enumerate(active):
+                reason, stop_str = self._finish(
+                    tokens[i][-1], tails[row] if stops else "", stops, len(tokens[i]), limits[i]
+                )
+                if reason is None:
+                    keep.append(row)
+                    continue
+                lp = tuple(logps[i]) if params.logprobs else None
+                results[i] = Generated(tuple(tokens[i]), reason, stop_str, lp)
+            if not keep:
+                break
+            if len(keep) < len(active):
+                sel = torch.tensor(keep, device=device)
+                cache.batch_select_indices(sel)
+                attention, last_pos, next_tok = attention[sel], last_pos[sel], next_tok[sel]
+                active = [active[r] for r in keep]
+            attention = torch.cat([attention, attention.new_ones((len(active), 1))], dim=1)  # (R, L+1)
+            last_pos = last_pos + 1
+            logits = self._forward(next_tok[:, None], attention, last_pos[:, None], cache)
+        return [r for r in results if r is not None]
+
+    def _forward(
+        self, input_ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, cache: DynamicCache
+    ) -> torch.Tensor:
+        """Run the model over new tokens and return the last position's logits (R, V) in float32."""
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,  # the full (R, L, V) prefill logits would be GBs with a 49k vocabulary
+        )
+        return out.logits[:, -1, :].float()
+
+    def _finish(
+        self, last: int, tail: str, stops: tuple[str, ...], n_generated: int, limit: int
+    ) -> tuple[FinishReason | None, str | None]:
+        """Why a sample ends after its latest token, or (None, None) if it goes on."""
+        if last in self._eos:
+            return "eos", None
+        # A stop string cannot have been complete before this token (the sample would have ended), so any stop
+        # string found in the decoded tail ends in the latest token.
+        found = [s for s in stops if s in tail]
+        if found:
+            return "stop", min(found, key=tail.find)
+        if n_generated >= limit:
+            return "length", None
+        return None, None
+
+
+def _sample(
+    logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick one token per row; return (token ids (R,), their log-probs (R,))."""
+    if params.greedy:
+        tok = logits.argmax(dim=-1)  # (R,)
+        return tok, torch.log_softmax(logits, dim=-1).gather(-1, tok[:, None])[:, 0]
+    scaled = logits / params.temperature  # (R, V)
+    logp = torch.log_softmax(scaled, dim=-1)
+    filtered = scaled
+    if params.top_k > 0 and params.top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, params.top_k, dim=-1).values[:, -1:]  # (R, 1)
+        filtered = filtered.masked_fill(filtered < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, sorted_idx = torch.sort(filtered, descending=True, dim=-1)
+        cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+        drop_sorted = cum - torch.softmax(sorted_logits, dim=-1) > params.top_p  # keep the token that crosses top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, sorted_idx, drop_sorted)
+        filtered = filtered.masked_fill(drop, float("-inf"))
+    probs = torch.softmax(filtered, dim=-1)
+    tok = torch.multinomial(probs, 1, generator=gen)[:, 0]  # (R,)
+    return tok, logp.gather(-1, tok[:, None])[:, 0]
