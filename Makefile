@@ -17,7 +17,7 @@ install-dev:
 
 # Main job on embedded defaults: start the retriever on the shipped corpus, query it, keep serving.
 demo: install
-	$(PYTHON) -m scripts.demo
+	$(PYTHON) -m search_rl.demo $(DEMO_ARGS)
 
 test: install-dev
 	$(PYTHON) -m pytest -q $(PYTEST_ARGS)

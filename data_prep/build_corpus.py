@@ -159,7 +159,9 @@ def write_jsonl(rows: list[dict[str, str]], out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--raw", type=Path, default=DEFAULT_RAW, help="folder holding the raw snapshot (default: %(default)s)")
+    ap.add_argument(
+        "--raw", type=Path, default=DEFAULT_RAW, help="folder holding the raw snapshot (default: %(default)s)"
+    )
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output jsonl or jsonl.gz (default: %(default)s)")
     args = ap.parse_args(argv)
     rows, stats = build_corpus(args.raw)

@@ -1,0 +1,151 @@
+"""Retriever throughput: the HTTP server under concurrent clients vs the same retriever called in-process.
+
+Each client sends requests of ``--queries-per-request`` distinct questions (real NQ / HotpotQA questions, never
+repeated within a run) back to back; we report queries/s and request latency p50/p99 at each concurrency, then
+the in-process limit (the retriever's ``search`` on batches of ``--inprocess-batch`` queries, no HTTP). The
+server's cache-hit counter is read from /metrics before and after, so an "uncached" figure is checked, not assumed.
+
+    python bench/retriever_bench.py                     # starts its own server (cache off) on the shipped corpus
+    python bench/retriever_bench.py --url http://127.0.0.1:8000   # against a running server
+
+Last line: ``retriever_bench qps_c32=<x> inprocess_qps=<y> ratio=<x/y>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import json
+import random
+import statistics
+import time
+from pathlib import Path
+
+import httpx
+
+from retriever_server.build_index import load_retriever
+from retriever_server.corpus import load_corpus
+from retriever_server.launcher import RetrieverProcess
+from retriever_server.settings import Settings
+
+RAW = Path(__file__).resolve().parents[2] / "shared" / "data" / "raw"
+
+
+def load_questions(seed: int) -> list[str]:
+    """Distinct real questions from the raw NQ and HotpotQA files, shuffled."""
+    qs: list[str] = []
+    with open(RAW / "google-research-datasets__natural-questions" / "NQ-open.dev.jsonl") as f:
+        qs += [json.loads(line)["question"] for line in f]
+    with gzip.open(RAW / "nelson-liu__lost-in-the-middle" / "nq-open-oracle.jsonl.gz", "rt") as f:
+        qs += [json.loads(line)["question"] for line in f]
+    qs += [r["question"] for r in json.loads((RAW / "ysymyth__ReAct" / "hotpot_dev_v1_simplified.json").read_text())]
+    unique = sorted(set(q.strip() for q in qs if q.strip()))
+    random.Random(seed).shuffle(unique)
+    return unique
+
+
+def cache_hits(url: str) -> float:
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("retriever_cache_hits_total"):
+            return float(line.split()[-1])
+    return 0.0
+
+
+async def run_level(url: str, questions: list[str], clients: int, requests_each: int, per_request: int) -> dict:
+    latencies: list[float] = []
+    chunks = [questions[i : i + per_request] for i in range(0, clients * requests_each * per_request, per_request)]
+
+    async def client(c: int, http: httpx.AsyncClient) -> None:
+        for r in range(requests_each):
+            body = {"queries": chunks[c * requests_each + r], "topk": 3, "return_scores": True}
+            t0 = time.perf_counter()
+            resp = await http.post("/retrieve", json=body)
+            latencies.append(time.perf_counter() - t0)
+            resp.raise_for_status()
+
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as http:
+        await http.post("/retrieve", json={"queries": ["warm up"], "topk": 3})
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client(c, http) for c in range(clients)))
+        wall = time.perf_counter() - t0
+    lat = sorted(latencies)
+    return {
+        "clients": clients,
+        "qps": len(lat) * per_request / wall,
+        "p50_s": statistics.median(lat),
+        "p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+        "requests": len(lat),
+    }
+
+
+def inprocess_qps(settings: Settings, questions: list[str], batch: int) -> float:
+    retriever = load_retriever(load_corpus(settings.corpus_path), settings)
+    retriever.search(questions[:batch], 3)  # warm up
+    t0 = time.perf_counter()
+    n = 0
+    for start in range(0, len(questions) - batch + 1, batch):
+        retriever.search(questions[start : start + batch], 3)
+        n += batch
+    return n / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", help="running server; default: start one (RETRIEVER_* env applies, cache off)")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--queries-per-request", type=int, default=4)
+    ap.add_argument(
+        "--requests-per-client",
+        type=int,
+        nargs="+",
+        default=[60, 20, 12],
+        help="per concurrency level (one value, or one per level)",
+    )
+    ap.add_argument("--inprocess-batch", type=int, default=128)
+    ap.add_argument("--inprocess-queries", type=int, default=2048)
+    ap.add_argument("--seed", type=int, default=int(time.time()))
+    args = ap.parse_args()
+
+    questions = load_questions(args.seed)
+    per_level = args.requests_per_client * (len(args.concurrency) if len(args.requests_per_client) == 1 else 1)
+    server = None
+    if args.url is None:
+        server = RetrieverProcess(env={"RETRIEVER_CACHE_SIZE": "0"}, ready_timeout_s=1800)
+        server.start()
+    url = args.url or server.url  # type: ignore[union-attr]
+    try:
+        health = httpx.get(f"{url}/health").json()
+        print(f"server {url}: {health}")
+        hits_before = cache_hits(url)
+        offset, results = 0, []
+        for clients, each in zip(args.concurrency, per_level, strict=True):
+            need = clients * each * args.queries_per_request
+            res = asyncio.run(
+                run_level(url, questions[offset : offset + need], clients, each, args.queries_per_request)
+            )
+            offset += need
+            results.append(res)
+            print(
+                f"c={clients:>3}  {res['qps']:7.1f} queries/s  p50={res['p50_s'] * 1000:6.1f} ms  "
+                f"p99={res['p99_s'] * 1000:6.1f} ms  ({res['requests']} requests x {args.queries_per_request} queries)"
+            )
+        print(f"server cache hits during the run: {cache_hits(url) - hits_before:.0f}")
+    finally:
+        if server is not None:
+            server.stop()
+
+    settings = Settings(show_progress=False)
+    rest = questions[offset : offset + args.inprocess_queries]
+    limit = inprocess_qps(settings, rest, args.inprocess_batch)
+    print(f"in-process {settings.method.value} search, batch {args.inprocess_batch}: {limit:.1f} queries/s")
+    top = results[-1]
+    print(
+        f"retriever_bench qps_c{top['clients']}={top['qps']:.1f} inprocess_qps={limit:.1f} "
+        f"ratio={top['qps'] / limit:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
