@@ -83,13 +83,19 @@ def _passage(title: str, text: str) -> Passage:
 
 
 def _evidence_nq_oracle(path: Path) -> dict[str, list[Passage]]:
-    return {question_key(normalise_question(r["question"])): [_passage(c["title"], c["text"]) for c in r["ctxs"]
-                                                              if c.get("isgold")] for r in _jsonl(path)}
+    return {
+        question_key(normalise_question(r["question"])): [
+            _passage(c["title"], c["text"]) for c in r["ctxs"] if c.get("isgold")
+        ]
+        for r in _jsonl(path)
+    }
 
 
 def _evidence_ircot(path: Path) -> dict[str, list[Passage]]:
-    return {r["question_id"]: [_passage(c["title"], c["paragraph_text"]) for c in r["contexts"] if c["is_supporting"]]
-            for r in _jsonl(path)}
+    return {
+        r["question_id"]: [_passage(c["title"], c["paragraph_text"]) for c in r["contexts"] if c["is_supporting"]]
+        for r in _jsonl(path)
+    }
 
 
 def _evidence_hotpotqa(path: Path) -> dict[str, list[Passage]]:
@@ -101,30 +107,71 @@ def _evidence_hotpotqa(path: Path) -> dict[str, list[Passage]]:
 
 
 def _evidence_musique(path: Path) -> dict[str, list[Passage]]:
-    return {r["id"]: [_passage(p["title"], p["paragraph_text"]) for p in r["paragraphs"] if p["is_supporting"]]
-            for r in _json(path)}
+    return {
+        r["id"]: [_passage(p["title"], p["paragraph_text"]) for p in r["paragraphs"] if p["is_supporting"]]
+        for r in _json(path)
+    }
 
 
 _NQ_LICENCE = "NQ: CC BY-SA 3.0; Wikipedia text: CC BY-SA"
 _HOTPOT_LICENCE = "HotpotQA: CC BY-SA 4.0"
-NQ_ORACLE = RawFile("nelson-liu__lost-in-the-middle/nq-open-oracle.jsonl.gz", "nq", "dpr",
-                    "nelson-liu/lost-in-the-middle", "29b8a6d042ce29abccee3db1a73171a107d7e6af",
-                    "qa_data/nq-open-oracle.jsonl.gz", f"{_NQ_LICENCE}; repository MIT", _evidence_nq_oracle)
-HOTPOT_IRCOT = RawFile("xindili-cmu__anlp-project-multihop/dev_subsampled.jsonl.gz", "hotpotqa", "ircot",
-                       "xindili-cmu/anlp-project-multihop", "df0d5757f42f098ab6026f40323e91c369307506",
-                       "processed_data/hotpotqa/dev_subsampled.jsonl", f"{_HOTPOT_LICENCE}; repository Apache-2.0",
-                       _evidence_ircot)
-HOTPOT_HIPPORAG = RawFile("OSU-NLP-Group__HippoRAG/hotpotqa_train.json", "hotpotqa", "hotpotqa",
-                          "OSU-NLP-Group/HippoRAG", "b144c46df14cabe5f5822d8caded4bec5f709461",
-                          "data/hotpotqa_train.json", f"{_HOTPOT_LICENCE}; repository MIT", _evidence_hotpotqa)
-MUSIQUE_HIPPORAG = RawFile("OSU-NLP-Group__HippoRAG/musique_train.json", "musique", "musique",
-                           "OSU-NLP-Group/HippoRAG", "b144c46df14cabe5f5822d8caded4bec5f709461",
-                           "data/musique_train.json", "MuSiQue: CC BY 4.0; repository MIT", _evidence_musique)
+NQ_ORACLE = RawFile(
+    "nelson-liu__lost-in-the-middle/nq-open-oracle.jsonl.gz",
+    "nq",
+    "dpr",
+    "nelson-liu/lost-in-the-middle",
+    "29b8a6d042ce29abccee3db1a73171a107d7e6af",
+    "qa_data/nq-open-oracle.jsonl.gz",
+    f"{_NQ_LICENCE}; repository MIT",
+    _evidence_nq_oracle,
+)
+HOTPOT_IRCOT = RawFile(
+    "xindili-cmu__anlp-project-multihop/dev_subsampled.jsonl.gz",
+    "hotpotqa",
+    "ircot",
+    "xindili-cmu/anlp-project-multihop",
+    "df0d5757f42f098ab6026f40323e91c369307506",
+    "processed_data/hotpotqa/dev_subsampled.jsonl",
+    f"{_HOTPOT_LICENCE}; repository Apache-2.0",
+    _evidence_ircot,
+)
+HOTPOT_HIPPORAG = RawFile(
+    "OSU-NLP-Group__HippoRAG/hotpotqa_train.json",
+    "hotpotqa",
+    "hotpotqa",
+    "OSU-NLP-Group/HippoRAG",
+    "b144c46df14cabe5f5822d8caded4bec5f709461",
+    "data/hotpotqa_train.json",
+    f"{_HOTPOT_LICENCE}; repository MIT",
+    _evidence_hotpotqa,
+)
+MUSIQUE_HIPPORAG = RawFile(
+    "OSU-NLP-Group__HippoRAG/musique_train.json",
+    "musique",
+    "musique",
+    "OSU-NLP-Group/HippoRAG",
+    "b144c46df14cabe5f5822d8caded4bec5f709461",
+    "data/musique_train.json",
+    "MuSiQue: CC BY 4.0; repository MIT",
+    _evidence_musique,
+)
 _R1 = ("RUCAIBox/R1-Searcher", "631167cbb3c2464f805730e3e364a690f5b136d4")
-TWOWIKI_R1 = RawFile("RUCAIBox__R1-Searcher/2wiki_500.jsonl", "2wikimultihopqa", "r1searcher", *_R1,
-                     "data/eval_set/2wiki_500.jsonl", "2WikiMultihopQA: licence not checked; repository MIT")
-BAMBOOGLE_R1 = RawFile("RUCAIBox__R1-Searcher/bamboogle.jsonl", "bamboogle", "r1searcher", *_R1,
-                       "data/eval_set/bamboogle.jsonl", "Bamboogle: licence not checked; repository MIT")
+TWOWIKI_R1 = RawFile(
+    "RUCAIBox__R1-Searcher/2wiki_500.jsonl",
+    "2wikimultihopqa",
+    "r1searcher",
+    *_R1,
+    "data/eval_set/2wiki_500.jsonl",
+    "2WikiMultihopQA: licence not checked; repository MIT",
+)
+BAMBOOGLE_R1 = RawFile(
+    "RUCAIBox__R1-Searcher/bamboogle.jsonl",
+    "bamboogle",
+    "r1searcher",
+    *_R1,
+    "data/eval_set/bamboogle.jsonl",
+    "Bamboogle: licence not checked; repository MIT",
+)
 
 
 @dataclass(frozen=True)
@@ -209,8 +256,9 @@ def check_disjoint(train: Sequence[Question], tests: dict[str, Sequence[Question
         clash = [(q, seen[_overlap_key(q.question)]) for q in questions if _overlap_key(q.question) in seen]
         if clash:
             q, t = clash[0]
-            raise ValueError(f"{len(clash)} questions of {name} are also in train, e.g. {q.where} and {t.where}: "
-                             f"{q.question!r}")
+            raise ValueError(
+                f"{len(clash)} questions of {name} are also in train, e.g. {q.where} and {t.where}: {q.question!r}"
+            )
 
 
 def _sha256(path: Path) -> str:
@@ -218,8 +266,16 @@ def _sha256(path: Path) -> str:
 
 
 def _input_entry(raw: Path, rf: RawFile) -> dict[str, str]:
-    return {"file": rf.rel, "source": rf.source, "format": rf.fmt, "repository": rf.repo, "commit": rf.commit,
-            "path_in_repository": rf.path_in_repo, "licence": rf.licence, "sha256": _sha256(raw / rf.rel)}
+    return {
+        "file": rf.rel,
+        "source": rf.source,
+        "format": rf.fmt,
+        "repository": rf.repo,
+        "commit": rf.commit,
+        "path_in_repository": rf.path_in_repo,
+        "licence": rf.licence,
+        "sha256": _sha256(raw / rf.rel),
+    }
 
 
 def build(raw: Path, corpus: Path, out: Path, sizes: Sizes = Sizes()) -> dict[str, Any]:
@@ -230,20 +286,31 @@ def build(raw: Path, corpus: Path, out: Path, sizes: Sizes = Sizes()) -> dict[st
     hotpot = _read(raw, [HOTPOT_IRCOT, HOTPOT_HIPPORAG], corpus_keys)
     nq_train, nq_test = split_pool(nq.questions, sizes.nq_test, set())
     hp_train, hp_test = split_pool(hotpot.questions, sizes.hotpotqa_test, {raw / HOTPOT_HIPPORAG.rel})
-    pools = {"musique": _read(raw, [MUSIQUE_HIPPORAG], corpus_keys), "2wikimultihopqa": _read(raw, [TWOWIKI_R1], None),
-             "bamboogle": _read(raw, [BAMBOOGLE_R1], None)}
-    split_rule = (f"per source, questions sorted by sha256('{SALT}|<source>|<question id>'); the first n go to test "
-                  "(HippoRAG train questions never do), the rest to train")
+    pools = {
+        "musique": _read(raw, [MUSIQUE_HIPPORAG], corpus_keys),
+        "2wikimultihopqa": _read(raw, [TWOWIKI_R1], None),
+        "bamboogle": _read(raw, [BAMBOOGLE_R1], None),
+    }
+    split_rule = (
+        f"per source, questions sorted by sha256('{SALT}|<source>|<question id>'); the first n go to test "
+        "(HippoRAG train questions never do), the rest to train"
+    )
     plan: dict[str, tuple[str, list[Question], list[Pool], str]] = {
         "nq_hotpotqa_mini/train.parquet": ("train", nq_train + hp_train, [nq, hotpot], split_rule),
-        "nq_hotpotqa_mini/test.parquet": ("test", nq_test + hp_test, [nq, hotpot],
-                                          f"{split_rule}; n = {sizes.nq_test} nq, {sizes.hotpotqa_test} hotpotqa"),
+        "nq_hotpotqa_mini/test.parquet": (
+            "test",
+            nq_test + hp_test,
+            [nq, hotpot],
+            f"{split_rule}; n = {sizes.nq_test} nq, {sizes.hotpotqa_test} hotpotqa",
+        ),
     }
     for name, pool in pools.items():
         rule = "all questions" + (", kept when every gold paragraph is in the corpus" if pool.evidence else "")
         plan[f"eval/{name}_test.parquet"] = ("test", pool.questions, [pool], rule + "; evaluation only")
-    check_disjoint(plan["nq_hotpotqa_mini/train.parquet"][1],
-                   {name: qs for name, (split, qs, _, _) in plan.items() if split == "test"})
+    check_disjoint(
+        plan["nq_hotpotqa_mini/train.parquet"][1],
+        {name: qs for name, (split, qs, _, _) in plan.items() if split == "test"},
+    )
 
     files: dict[str, Any] = {}
     for name, (split, questions, used, rule) in plan.items():
@@ -272,8 +339,11 @@ def build(raw: Path, corpus: Path, out: Path, sizes: Sizes = Sizes()) -> dict[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m data_prep.build_default_dataset", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m data_prep.build_default_dataset",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--raw", type=Path, default=DEFAULT_RAW, help="raw snapshot folder (default: %(default)s)")
     ap.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS, help="shipped corpus (default: %(default)s)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: %(default)s)")

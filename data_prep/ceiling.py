@@ -53,8 +53,10 @@ def _question_and_answers(row: Mapping[str, Any]) -> tuple[str, list[str]]:
     try:
         return row["question"], list(row["reward_model"]["ground_truth"]["target"])
     except (KeyError, TypeError) as e:
-        raise ValueError(f"row {row.get('extra_info')} lacks 'question' or reward_model.ground_truth.target; "
-                         "rows must come from data_prep.qa_to_parquet") from e
+        raise ValueError(
+            f"row {row.get('extra_info')} lacks 'question' or reward_model.ground_truth.target; "
+            "rows must come from data_prep.qa_to_parquet"
+        ) from e
 
 
 def answer_in_topk_fraction(
@@ -96,8 +98,10 @@ def http_retrieve_fn(url: str, k: int, timeout_s: float = 60.0, client: Any = No
     def retrieve(questions: list[str]) -> list[list[str]]:
         resp = http.post(url, json={"queries": questions, "topk": k, "return_scores": False})
         resp.raise_for_status()
-        return [[d["document"]["contents"] if "document" in d else d["contents"] for d in docs]
-                for docs in resp.json()["result"]]
+        return [
+            [d["document"]["contents"] if "document" in d else d["contents"] for d in docs]
+            for docs in resp.json()["result"]
+        ]
 
     return retrieve
 
@@ -105,8 +109,9 @@ def http_retrieve_fn(url: str, k: int, timeout_s: float = 60.0, client: Any = No
 def main(argv: list[str] | None = None) -> int:
     import pyarrow.parquet as pq
 
-    ap = argparse.ArgumentParser(prog="python -m data_prep.ceiling", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m data_prep.ceiling", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("files", nargs="+", type=Path, help="parquet files written by qa_to_parquet")
     ap.add_argument("--url", default="http://127.0.0.1:8000/retrieve", help="retriever endpoint")
     ap.add_argument("--topk", type=int, default=3, help="passages that count (default: 3)")
@@ -117,8 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         for source in sorted({r["data_source"] for r in rows}):
             subset = [r for r in rows if r["data_source"] == source]
             fraction = answer_in_topk_fraction(subset, retrieve, k=args.topk)
-            print(f"{path} {source}: {fraction:.3f} of {len(subset)} questions have a gold answer "
-                  f"in the top {args.topk}")
+            print(
+                f"{path} {source}: {fraction:.3f} of {len(subset)} questions have a gold answer in the top {args.topk}"
+            )
     return 0
 
 

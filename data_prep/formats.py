@@ -8,18 +8,18 @@ silently. Normalisation of the question text is not done here; see :mod:`data_pr
 
 Formats (``--format`` names), each with the files of ``shared/data/raw`` it reads:
 
-=================== ========================================================== ===============================
-name                record fields used                                          raw files
-=================== ========================================================== ===============================
-``flashrag``        ``id``, ``question``, ``golden_answers: [str]``             FlashRAG ``test.jsonl``
-``nq_open``         ``question``, ``answer: [str]``                             Google ``NQ-open.*.jsonl``
-``dpr``             ``question``, ``answers: [str]`` (``ctxs`` ignored)         lost-in-the-middle oracle
-``hotpotqa``        ``question``, ``answer: str``, optional ``_id``/``id``      HippoRAG hotpotqa, ReAct dev
-``ircot``           ``question_id``, ``question_text``, ``answers_objects``     IRCoT ``dev_subsampled.jsonl``
-``musique``         ``id``, ``question``, ``answer``, ``answer_aliases``        HippoRAG ``musique_train.json``
-``r1searcher``      ``idx``, ``question``, ``answer: str``                      R1-Searcher train/eval jsonl
-``searchr1_parquet`` ``question``, ``reward_model.ground_truth.target``         Search-R1 ``*.parquet``
-=================== ========================================================== ===============================
+- ``flashrag``: ``id``, ``question``, ``golden_answers: [str]``. FlashRAG ``test.jsonl``.
+- ``nq_open``: ``question``, ``answer: [str]``. Google ``NQ-open.*.jsonl``.
+- ``dpr``: ``question``, ``answers: [str]`` (``ctxs`` ignored). lost-in-the-middle ``nq-open-oracle.jsonl.gz``.
+- ``hotpotqa``: ``question``, ``answer: str``, optional ``_id``/``id``. HippoRAG ``hotpotqa_train.json``, ReAct
+  ``hotpot_dev_v1_simplified.json``, the official HotpotQA files.
+- ``ircot``: ``question_id``, ``question_text``, ``answers_objects[{spans, number, date}]``. IRCoT
+  ``dev_subsampled.jsonl``.
+- ``musique``: ``id``, ``question``, ``answer``, ``answer_aliases``. HippoRAG ``musique_train.json``, MuSiQue.
+- ``r1searcher``: ``idx``, ``question``, ``answer: str``. R1-Searcher ``stage_*.jsonl`` and eval ``*_500.jsonl``,
+  ``bamboogle.jsonl``.
+- ``searchr1_parquet``: ``question``, ``reward_model.ground_truth.target`` (or ``golden_answers``), ``id``.
+  Search-R1's ``*.parquet`` and the files ``qa_to_parquet`` writes.
 
 Containers: ``.jsonl`` (one object a line), ``.json`` (a JSON array of objects, or JSON lines), ``.parquet``;
 ``.gz`` is decompressed on the fly.
@@ -159,34 +159,59 @@ def _record(
 
 
 def parse_flashrag(row: Mapping[str, Any], where: Location) -> Item:
-    return _record(row, where, question_field="question", answer_field="golden_answers", allow_str=False,
-                   allow_list=True, native_id=_native_id(row.get("id")))
+    return _record(
+        row,
+        where,
+        question_field="question",
+        answer_field="golden_answers",
+        allow_str=False,
+        allow_list=True,
+        native_id=_native_id(row.get("id")),
+    )
 
 
 def parse_nq_open(row: Mapping[str, Any], where: Location) -> Item:
-    return _record(row, where, question_field="question", answer_field="answer", allow_str=False, allow_list=True,
-                   native_id=None)
+    return _record(
+        row, where, question_field="question", answer_field="answer", allow_str=False, allow_list=True, native_id=None
+    )
 
 
 def parse_dpr(row: Mapping[str, Any], where: Location) -> Item:
-    return _record(row, where, question_field="question", answer_field="answers", allow_str=False, allow_list=True,
-                   native_id=None)
+    return _record(
+        row, where, question_field="question", answer_field="answers", allow_str=False, allow_list=True, native_id=None
+    )
 
 
 def parse_hotpotqa(row: Mapping[str, Any], where: Location) -> Item:
-    return _record(row, where, question_field="question", answer_field="answer", allow_str=True, allow_list=False,
-                   native_id=_native_id(row.get("_id", row.get("id"))))
+    return _record(
+        row,
+        where,
+        question_field="question",
+        answer_field="answer",
+        allow_str=True,
+        allow_list=False,
+        native_id=_native_id(row.get("_id", row.get("id"))),
+    )
 
 
 def parse_musique(row: Mapping[str, Any], where: Location) -> Item:
-    return _record(row, where, question_field="question", answer_field="answer", allow_str=True, allow_list=False,
-                   native_id=_native_id(row.get("id")), extra_answers=row.get("answer_aliases"))
+    return _record(
+        row,
+        where,
+        question_field="question",
+        answer_field="answer",
+        allow_str=True,
+        allow_list=False,
+        native_id=_native_id(row.get("id")),
+        extra_answers=row.get("answer_aliases"),
+    )
 
 
 def parse_r1searcher(row: Mapping[str, Any], where: Location) -> Item:
     # ``idx`` is only a row counter restarting at 1 in every file, not a dataset id: ids come from the question.
-    return _record(row, where, question_field="question", answer_field="answer", allow_str=True, allow_list=False,
-                   native_id=None)
+    return _record(
+        row, where, question_field="question", answer_field="answer", allow_str=True, allow_list=False, native_id=None
+    )
 
 
 def parse_ircot(row: Mapping[str, Any], where: Location) -> Item:
@@ -204,9 +229,15 @@ def parse_ircot(row: Mapping[str, Any], where: Location) -> Item:
         parts = [str(date.get(k, "")).strip() for k in ("day", "month", "year")]
         if any(parts):
             answers.append(" ".join(p for p in parts if p))
-    return _record({"question_text": row.get("question_text"), "answers": answers}, where,
-                   question_field="question_text", answer_field="answers", allow_str=False, allow_list=True,
-                   native_id=_native_id(row.get("question_id")))
+    return _record(
+        {"question_text": row.get("question_text"), "answers": answers},
+        where,
+        question_field="question_text",
+        answer_field="answers",
+        allow_str=False,
+        allow_list=True,
+        native_id=_native_id(row.get("question_id")),
+    )
 
 
 def parse_searchr1(row: Mapping[str, Any], where: Location) -> Item:
@@ -219,8 +250,30 @@ def parse_searchr1(row: Mapping[str, Any], where: Location) -> Item:
         target, field = row.get("golden_answers"), "golden_answers"
     if isinstance(target, str):
         target = [target]
-    return _record({"question": row.get("question"), field: target}, where, question_field="question",
-                   answer_field=field, allow_str=False, allow_list=True, native_id=_native_id(row.get("id")))
+    return _record(
+        {"question": row.get("question"), field: target},
+        where,
+        question_field="question",
+        answer_field=field,
+        allow_str=False,
+        allow_list=True,
+        native_id=_searchr1_id(row),
+    )
+
+
+def _searchr1_id(row: Mapping[str, Any]) -> str | None:
+    """Search-R1's ``id`` column, or the key inside our own ``extra_info.id`` (``<source>-<split>-<key>``).
+
+    Taking the key back out makes converting our own parquet again (same source and split) keep its ids.
+    """
+    if row.get("id") is not None:
+        return _native_id(row["id"])
+    info = row.get("extra_info")
+    if isinstance(info, Mapping) and isinstance(info.get("id"), str):
+        prefix = f"{row.get('data_source')}-{info.get('split')}-"
+        if info["id"].startswith(prefix) and len(info["id"]) > len(prefix):
+            return info["id"][len(prefix) :]
+    return None
 
 
 PARSERS: dict[str, Parser] = {
@@ -253,8 +306,9 @@ def _container(path: Path) -> str:
     ext = suffixes[-1] if suffixes else ""
     if ext in (".jsonl", ".json", ".parquet"):
         return ext[1:]
-    raise FormatError(f"{path}: unknown file type {ext or '(none)'!r}; expected .jsonl, .json or .parquet "
-                      "(optionally .gz)")
+    raise FormatError(
+        f"{path}: unknown file type {ext or '(none)'!r}; expected .jsonl, .json or .parquet (optionally .gz)"
+    )
 
 
 def _decode_jsonl(path: Path, f: IO[str], first_line: int = 1) -> Iterator[Decoded]:
@@ -289,8 +343,10 @@ def _decode_json(path: Path) -> Iterator[Decoded]:
             raise FormatError(f"{path}:{e.lineno}: not valid JSON ({e.msg}); the whole file is unreadable") from e
     if isinstance(data, dict):
         keys = sorted(data)[:5]
-        raise FormatError(f"{path}: holds one JSON object (keys {keys}...), not a list of QA records or JSON lines; "
-                          "a title -> sentences mapping is a passage corpus, which goes through data_prep.build_corpus")
+        raise FormatError(
+            f"{path}: holds one JSON object (keys {keys}...), not a list of QA records or JSON lines; "
+            "a title -> sentences mapping is a passage corpus, which goes through data_prep.build_corpus"
+        )
     if not isinstance(data, list):
         raise FormatError(f"{path}: holds a JSON {type(data).__name__}, not a list of QA records")
     for i, obj in enumerate(data, start=1):
@@ -349,8 +405,10 @@ def detect_format(path: Path, keys: set[str], sample: Mapping[str, Any]) -> str:
     hint = ""
     if keys <= {"id", "title", "text", "contents"} or "contents" in keys:
         hint = " It looks like a passage corpus, not QA data; corpora go through data_prep.build_corpus."
-    raise FormatError(f"{path}: cannot tell the format from the record keys {sorted(keys)}.{hint} "
-                      f"Name it with --format, one of: {', '.join(FORMAT_NAMES)}.")
+    raise FormatError(
+        f"{path}: cannot tell the format from the record keys {sorted(keys)}.{hint} "
+        f"Name it with --format, one of: {', '.join(FORMAT_NAMES)}."
+    )
 
 
 def detect_file_format(path: Path) -> str:

@@ -29,8 +29,10 @@ class PromptLengthStats:
     used_chat_template: bool
 
     def describe(self) -> str:
-        text = (f"prompt tokens over {self.count} rows ({'chat template' if self.used_chat_template else 'raw text'}): "
-                f"min={self.min} mean={self.mean:.1f} p50={self.p50} p95={self.p95} max={self.max}")
+        text = (
+            f"prompt tokens over {self.count} rows ({'chat template' if self.used_chat_template else 'raw text'}): "
+            f"min={self.min} mean={self.mean:.1f} p50={self.p50} p95={self.p95} max={self.max}"
+        )
         if self.max_prompt_length is not None:
             text += f"; {self.over_limit} rows exceed max_prompt_length={self.max_prompt_length}"
         return text

@@ -111,9 +111,7 @@ class Question:
         return self.native_id if self.native_id is not None else question_key(self.question)
 
 
-def collect(
-    inputs: Sequence[InputSpec], report: ConversionReport, *, skip_invalid: bool = False
-) -> list[Question]:
+def collect(inputs: Sequence[InputSpec], report: ConversionReport, *, skip_invalid: bool = False) -> list[Question]:
     """Read, validate and normalise every input's questions, in input order then file order.
 
     Raises:
@@ -144,8 +142,13 @@ def collect(
                 reject(InvalidRecord(NO_QUESTION, "question is empty after normalisation", item.where))
                 continue
             if (q.source, q.key) in first_seen:
-                reject(InvalidRecord(DUPLICATE_ID, f"source {q.source!r} id {q.key!r} was already used by "
-                                     f"{first_seen[q.source, q.key]}", item.where))
+                reject(
+                    InvalidRecord(
+                        DUPLICATE_ID,
+                        f"source {q.source!r} id {q.key!r} was already used by {first_seen[q.source, q.key]}",
+                        item.where,
+                    )
+                )
                 continue
             first_seen[q.source, q.key] = item.where
             questions.append(q)
@@ -159,9 +162,11 @@ def check_split_and_template(split: str, template: Template) -> None:
     if split not in SPLITS:
         raise ValueError(f"split {split!r} is not one of {SPLITS}")
     if template.needs_passages:
-        raise ValueError(f"template {template.path} has a {{passages}} slot, which is filled at evaluation time "
-                         "from the retriever; build the parquet with a template without it (search, no_search). "
-                         "Rows keep the bare question in the 'question' column for that baseline.")
+        raise ValueError(
+            f"template {template.path} has a {{passages}} slot, which is filled at evaluation time "
+            "from the retriever; build the parquet with a template without it (search, no_search). "
+            "Rows keep the bare question in the 'question' column for that baseline."
+        )
 
 
 def build_rows(questions: Sequence[Question], split: str, template: Template) -> list[dict[str, Any]]:
@@ -173,9 +178,17 @@ def build_rows(questions: Sequence[Question], split: str, template: Template) ->
     check_split_and_template(split, template)
     rows = []
     for q in questions:
-        rows.append(make_row(source=q.source, split=split, index=len(rows),
-                             row_id=make_row_id(q.source, split, q.question, q.native_id), question=q.question,
-                             answers=q.answers, prompt=render_prompt(template, q.question)))
+        rows.append(
+            make_row(
+                source=q.source,
+                split=split,
+                index=len(rows),
+                row_id=make_row_id(q.source, split, q.question, q.native_id),
+                question=q.question,
+                answers=q.answers,
+                prompt=render_prompt(template, q.question),
+            )
+        )
     repeated = [i for i, n in Counter(r["extra_info"]["id"] for r in rows).items() if n > 1]
     if repeated:
         raise ValueError(f"row ids occur more than once: {repeated[:5]}; each (source, question id) must be unique")
@@ -207,22 +220,47 @@ def convert(
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m data_prep.qa_to_parquet", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--input", action="append", required=True, metavar="SOURCE=PATH",
-                    help="a QA file and its data source name; repeat for several files")
+    ap = argparse.ArgumentParser(
+        prog="python -m data_prep.qa_to_parquet",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--input",
+        action="append",
+        required=True,
+        metavar="SOURCE=PATH",
+        help="a QA file and its data source name; repeat for several files",
+    )
     ap.add_argument("--split", required=True, choices=SPLITS, help="split recorded in every row and id")
     ap.add_argument("--out", required=True, type=Path, help="output .parquet file")
-    ap.add_argument("--format", default="auto", choices=("auto", *FORMAT_NAMES),
-                    help="input format of every input (default: detect per file)")
-    ap.add_argument("--skip-invalid", action="store_true",
-                    help="skip bad records and print a count per reason instead of stopping at the first")
-    ap.add_argument("--template", default="search",
-                    help="prompt template: a name under configs/templates/ or a file path (default: search)")
-    ap.add_argument("--tokenizer", default=None,
-                    help="report prompt lengths in tokens of this tokenizer (folder, hub name or .gguf file)")
-    ap.add_argument("--max-prompt-length", type=int, default=None,
-                    help="with --tokenizer: count rows whose prompt is longer than this many tokens")
+    ap.add_argument(
+        "--format",
+        default="auto",
+        choices=("auto", *FORMAT_NAMES),
+        help="input format of every input (default: detect per file)",
+    )
+    ap.add_argument(
+        "--skip-invalid",
+        action="store_true",
+        help="skip bad records and print a count per reason instead of stopping at the first",
+    )
+    ap.add_argument(
+        "--template",
+        default="search",
+        help="prompt template: a name under configs/templates/ or a file path (default: search)",
+    )
+    ap.add_argument(
+        "--tokenizer",
+        default=None,
+        help="report prompt lengths in tokens of this tokenizer (folder, hub name or .gguf file)",
+    )
+    ap.add_argument(
+        "--max-prompt-length",
+        type=int,
+        default=None,
+        help="with --tokenizer: count rows whose prompt is longer than this many tokens",
+    )
     return ap
 
 
@@ -248,8 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tokenizer:
         from data_prep.prompt_lengths import load_tokenizer, prompt_length_stats
 
-        stats = prompt_length_stats([r["prompt"] for r in rows], load_tokenizer(args.tokenizer),
-                                    args.max_prompt_length)
+        stats = prompt_length_stats([r["prompt"] for r in rows], load_tokenizer(args.tokenizer), args.max_prompt_length)
         print(stats.describe())
     return 0
 

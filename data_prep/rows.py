@@ -77,8 +77,10 @@ def normalise_question(text: str) -> str:
 def check_source_name(source: str) -> str:
     """Return ``source`` if it is usable as a data source name (it becomes part of every id), else raise."""
     if not _SOURCE_NAME.match(source):
-        raise ValueError(f"data source name {source!r} may use only letters, digits, '_' and '.' "
-                         "(it becomes the prefix of every row id), e.g. nq, hotpotqa, 2wikimultihopqa")
+        raise ValueError(
+            f"data source name {source!r} may use only letters, digits, '_' and '.' "
+            "(it becomes the prefix of every row id), e.g. nq, hotpotqa, 2wikimultihopqa"
+        )
     return source
 
 
@@ -110,11 +112,53 @@ def make_row(
     }
 
 
+def _row_problem(row: dict[str, Any]) -> str | None:
+    """What is wrong with a row's types, or None. pyarrow alone would e.g. turn a string target into a char list."""
+    if set(row) != set(ROW_SCHEMA.names):
+        return f"columns {sorted(row)} differ from {sorted(ROW_SCHEMA.names)}"
+    for col in ("data_source", "ability", "question"):
+        if not isinstance(row[col], str) or not row[col]:
+            return f"{col} must be a non-empty string"
+    prompt = row["prompt"]
+    if not (
+        isinstance(prompt, list)
+        and prompt
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt
+        )
+    ):
+        return "prompt must be a non-empty list of {'role': str, 'content': str}"
+    reward_model = row["reward_model"] if isinstance(row["reward_model"], dict) else {}
+    ground_truth = reward_model.get("ground_truth") if isinstance(reward_model.get("ground_truth"), dict) else {}
+    target = ground_truth.get("target")
+    if not (isinstance(target, list) and target and all(isinstance(a, str) and a for a in target)):
+        return "reward_model.ground_truth.target must be a non-empty list of non-empty strings"
+    info = row["extra_info"]
+    if not (
+        isinstance(info, dict)
+        and isinstance(info.get("split"), str)
+        and isinstance(info.get("index"), int)
+        and isinstance(info.get("id"), str)
+        and info["id"]
+    ):
+        return "extra_info must be {'split': str, 'index': int, 'id': non-empty str}"
+    return None
+
+
 def write_rows(rows: Sequence[dict[str, Any]], out: Path) -> None:
     """Write rows to ``out`` as zstd-compressed parquet with :data:`ROW_SCHEMA` (atomic replace).
 
     The same rows give the same bytes with the same pyarrow version, so rebuilds can be compared by hash.
+
+    Raises:
+        ValueError: a row does not match the schema (the message gives its position and what is wrong).
     """
+    for i, row in enumerate(rows):
+        problem = _row_problem(row)
+        if problem:
+            info = row.get("extra_info")
+            row_id = info.get("id") if isinstance(info, dict) else None
+            raise ValueError(f"row {i} (id {row_id!r}) cannot be written: {problem}")
     table = pa.Table.from_pylist(list(rows), schema=ROW_SCHEMA)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")

@@ -52,8 +52,10 @@ def load_template(name_or_path: str) -> Template:
     if not path.is_file():
         path = TEMPLATE_DIR / f"{name_or_path}.txt"
     if not path.is_file():
-        raise ValueError(f"template {name_or_path!r} not found: it is neither a file nor one of the shipped "
-                         f"templates {available_templates()} in {TEMPLATE_DIR}")
+        raise ValueError(
+            f"template {name_or_path!r} not found: it is neither a file nor one of the shipped "
+            f"templates {available_templates()} in {TEMPLATE_DIR}"
+        )
     text = path.read_text(encoding="utf-8")
     if QUESTION_SLOT not in text:
         raise ValueError(f"template {path} has no {QUESTION_SLOT} slot; add one where the question goes")
