@@ -96,31 +96,25 @@ class FormatError(ValueError):
 # Field helpers shared by the parsers
 
 
-def _answers(value: Any, field: str, where: Location, *, allow_str: bool, allow_list: bool) -> Item | tuple[str, ...]:
-    """Validate an answer field and return the cleaned answers, or an InvalidRecord saying what is wrong."""
-    if isinstance(value, str) and allow_str:
+def _answers(value: Any, field: str, where: Location, kind: type) -> Item | tuple[str, ...]:
+    """Validate an answer field (``kind`` is ``str`` or ``list``) and return the cleaned answers, or why not."""
+    if isinstance(value, kind) and kind is str:
         items: list[Any] = [value]
-    elif isinstance(value, list | tuple) and allow_list:
+    elif isinstance(value, list | tuple) and kind is list:
         items = list(value)
     else:
-        expected = " or ".join(t for t, ok in (("a string", allow_str), ("a list of strings", allow_list)) if ok)
+        expected = "a string" if kind is str else "a list of strings"
         got = "missing" if value is None else f"a {type(value).__name__}"
         return InvalidRecord(NO_ANSWER, f"field {field!r} is {got}; expected {expected}", where)
-    if not all(isinstance(a, str) for a in items):
-        bad = next(a for a in items if not isinstance(a, str))
-        return InvalidRecord(NO_ANSWER, f"field {field!r} holds a {type(bad).__name__} ({bad!r}), not a string", where)
+    bad = [a for a in items if not isinstance(a, str)]
+    if bad:
+        return InvalidRecord(
+            NO_ANSWER, f"field {field!r} holds a {type(bad[0]).__name__} ({bad[0]!r}), not a string", where
+        )
     cleaned = tuple(dict.fromkeys(a.strip() for a in items if a.strip()))
     if not cleaned:
         return InvalidRecord(NO_ANSWER, f"field {field!r} has no non-empty answer", where)
     return cleaned
-
-
-def _question(row: Mapping[str, Any], field: str, where: Location) -> str | InvalidRecord:
-    value = row.get(field)
-    if not isinstance(value, str) or not value.strip():
-        got = "missing" if value is None else ("blank" if isinstance(value, str) else f"a {type(value).__name__}")
-        return InvalidRecord(NO_QUESTION, f"field {field!r} is {got}; expected a non-empty string", where)
-    return value
 
 
 def _native_id(value: Any) -> str | None:
@@ -132,26 +126,30 @@ def _native_id(value: Any) -> str | None:
 def _record(
     row: Mapping[str, Any],
     where: Location,
-    *,
     question_field: str,
     answer_field: str,
-    allow_str: bool,
-    allow_list: bool,
-    native_id: str | None,
-    extra_answers: Any = None,
+    answer_kind: type,
+    native_id: Any = None,
+    aliases_field: str | None = None,
 ) -> Item:
-    question = _question(row, question_field, where)
-    if isinstance(question, InvalidRecord):
-        return question
-    answers = _answers(row.get(answer_field), answer_field, where, allow_str=allow_str, allow_list=allow_list)
+    """Build a QARecord from ``row[question_field]`` and ``row[answer_field]`` (+ aliases), or say what is wrong."""
+    question = row.get(question_field)
+    if not isinstance(question, str) or not question.strip():
+        got = (
+            "missing"
+            if question is None
+            else ("blank" if isinstance(question, str) else f"a {type(question).__name__}")
+        )
+        return InvalidRecord(NO_QUESTION, f"field {question_field!r} is {got}; expected a non-empty string", where)
+    answers = _answers(row.get(answer_field), answer_field, where, answer_kind)
     if isinstance(answers, InvalidRecord):
         return answers
-    if extra_answers:
-        more = _answers(extra_answers, "answer_aliases", where, allow_str=False, allow_list=True)
+    if aliases_field and row.get(aliases_field):
+        more = _answers(row[aliases_field], aliases_field, where, list)
         if isinstance(more, InvalidRecord):
             return more
         answers = tuple(dict.fromkeys(answers + more))
-    return QARecord(question, answers, native_id, where)
+    return QARecord(question, answers, _native_id(native_id), where)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -159,66 +157,35 @@ def _record(
 
 
 def parse_flashrag(row: Mapping[str, Any], where: Location) -> Item:
-    return _record(
-        row,
-        where,
-        question_field="question",
-        answer_field="golden_answers",
-        allow_str=False,
-        allow_list=True,
-        native_id=_native_id(row.get("id")),
-    )
+    return _record(row, where, "question", "golden_answers", list, row.get("id"))
 
 
 def parse_nq_open(row: Mapping[str, Any], where: Location) -> Item:
-    return _record(
-        row, where, question_field="question", answer_field="answer", allow_str=False, allow_list=True, native_id=None
-    )
+    return _record(row, where, "question", "answer", list)
 
 
 def parse_dpr(row: Mapping[str, Any], where: Location) -> Item:
-    return _record(
-        row, where, question_field="question", answer_field="answers", allow_str=False, allow_list=True, native_id=None
-    )
+    return _record(row, where, "question", "answers", list)
 
 
 def parse_hotpotqa(row: Mapping[str, Any], where: Location) -> Item:
-    return _record(
-        row,
-        where,
-        question_field="question",
-        answer_field="answer",
-        allow_str=True,
-        allow_list=False,
-        native_id=_native_id(row.get("_id", row.get("id"))),
-    )
+    return _record(row, where, "question", "answer", str, row.get("_id", row.get("id")))
 
 
 def parse_musique(row: Mapping[str, Any], where: Location) -> Item:
-    return _record(
-        row,
-        where,
-        question_field="question",
-        answer_field="answer",
-        allow_str=True,
-        allow_list=False,
-        native_id=_native_id(row.get("id")),
-        extra_answers=row.get("answer_aliases"),
-    )
+    return _record(row, where, "question", "answer", str, row.get("id"), aliases_field="answer_aliases")
 
 
 def parse_r1searcher(row: Mapping[str, Any], where: Location) -> Item:
     # ``idx`` is only a row counter restarting at 1 in every file, not a dataset id: ids come from the question.
-    return _record(
-        row, where, question_field="question", answer_field="answer", allow_str=True, allow_list=False, native_id=None
-    )
+    return _record(row, where, "question", "answer", str)
 
 
 def parse_ircot(row: Mapping[str, Any], where: Location) -> Item:
     objects = row.get("answers_objects")
     if not isinstance(objects, list) or not objects:
         return InvalidRecord(NO_ANSWER, "field 'answers_objects' is missing or empty", where)
-    answers: list[str] = []
+    answers: list[Any] = []
     for obj in objects:
         if not isinstance(obj, Mapping):
             return InvalidRecord(NO_ANSWER, f"'answers_objects' holds a {type(obj).__name__}, not an object", where)
@@ -229,15 +196,8 @@ def parse_ircot(row: Mapping[str, Any], where: Location) -> Item:
         parts = [str(date.get(k, "")).strip() for k in ("day", "month", "year")]
         if any(parts):
             answers.append(" ".join(p for p in parts if p))
-    return _record(
-        {"question_text": row.get("question_text"), "answers": answers},
-        where,
-        question_field="question_text",
-        answer_field="answers",
-        allow_str=False,
-        allow_list=True,
-        native_id=_native_id(row.get("question_id")),
-    )
+    flat = {"question_text": row.get("question_text"), "answers_objects": answers}
+    return _record(flat, where, "question_text", "answers_objects", list, row.get("question_id"))
 
 
 def parse_searchr1(row: Mapping[str, Any], where: Location) -> Item:
@@ -250,15 +210,7 @@ def parse_searchr1(row: Mapping[str, Any], where: Location) -> Item:
         target, field = row.get("golden_answers"), "golden_answers"
     if isinstance(target, str):
         target = [target]
-    return _record(
-        {"question": row.get("question"), field: target},
-        where,
-        question_field="question",
-        answer_field=field,
-        allow_str=False,
-        allow_list=True,
-        native_id=_searchr1_id(row),
-    )
+    return _record({"question": row.get("question"), field: target}, where, "question", field, list, _searchr1_id(row))
 
 
 def _searchr1_id(row: Mapping[str, Any]) -> str | None:
@@ -311,8 +263,8 @@ def _container(path: Path) -> str:
     )
 
 
-def _decode_jsonl(path: Path, f: IO[str], first_line: int = 1) -> Iterator[Decoded]:
-    for lineno, line in enumerate(f, start=first_line):
+def _decode_jsonl(path: Path, f: IO[str]) -> Iterator[Decoded]:
+    for lineno, line in enumerate(f, start=1):
         if not line.strip():
             continue
         where = Location(path, line=lineno)
