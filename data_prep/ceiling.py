@@ -10,6 +10,9 @@ Library use: ``answer_in_topk_fraction(rows, retrieve_fn, k=3)``. Against a runn
 (``POST /retrieve``, Search-R1's contract)::
 
     python -m data_prep.ceiling --url http://127.0.0.1:8000/retrieve --topk 3 data/datasets/eval/*.parquet
+
+Without a retriever, ``--corpus data/corpus/wiki_mini.jsonl.gz`` measures the answer anywhere in the corpus instead:
+an upper bound of the top-k figure for every retriever and k.
 """
 
 from __future__ import annotations
@@ -89,6 +92,23 @@ def answer_in_topk_fraction(
     return hits / len(pairs)
 
 
+def answer_in_corpus_fraction(rows: Iterable[Mapping[str, Any]], passages: Iterable[str]) -> float:
+    """Fraction of rows with a gold answer anywhere in ``passages`` (the ceiling as k grows to the whole corpus).
+
+    This bounds :func:`answer_in_topk_fraction` from above for any retriever over the same corpus, and needs none.
+
+    Raises:
+        ValueError: no rows, or a row without question/answers.
+    """
+    # One normalised text, passages separated by a newline, which no normalised answer contains.
+    text = " " + " \n ".join(normalise_answer(p) for p in passages) + " "
+    answers = [_question_and_answers(r)[1] for r in rows]
+    if not answers:
+        raise ValueError("no rows to measure")
+    hits = sum(any(a and f" {a} " in text for a in map(normalise_answer, golds)) for golds in answers)
+    return hits / len(answers)
+
+
 def http_retrieve_fn(url: str, k: int, timeout_s: float = 60.0, client: Any = None) -> RetrieveFn:
     """A ``retrieve_fn`` that calls a retriever service's ``POST /retrieve`` (bare or scored documents)."""
     import httpx  # only needed for the command line
@@ -106,6 +126,15 @@ def http_retrieve_fn(url: str, k: int, timeout_s: float = 60.0, client: Any = No
     return retrieve
 
 
+def _corpus_contents(path: Path) -> list[str]:
+    import gzip
+    import json
+
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line)["contents"] for line in f if line.strip()]
+
+
 def main(argv: list[str] | None = None) -> int:
     import pyarrow.parquet as pq
 
@@ -115,16 +144,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("files", nargs="+", type=Path, help="parquet files written by qa_to_parquet")
     ap.add_argument("--url", default="http://127.0.0.1:8000/retrieve", help="retriever endpoint")
     ap.add_argument("--topk", type=int, default=3, help="passages that count (default: 3)")
+    ap.add_argument(
+        "--corpus", type=Path, default=None, help="no retriever: check the answer anywhere in this corpus jsonl(.gz)"
+    )
     args = ap.parse_args(argv)
+    corpus = _corpus_contents(args.corpus) if args.corpus else None
     retrieve = http_retrieve_fn(args.url, args.topk)
     for path in args.files:
         rows = pq.read_table(path).to_pylist()
         for source in sorted({r["data_source"] for r in rows}):
             subset = [r for r in rows if r["data_source"] == source]
-            fraction = answer_in_topk_fraction(subset, retrieve, k=args.topk)
-            print(
-                f"{path} {source}: {fraction:.3f} of {len(subset)} questions have a gold answer in the top {args.topk}"
-            )
+            if corpus is not None:
+                fraction, where = answer_in_corpus_fraction(subset, corpus), f"anywhere in {args.corpus}"
+            else:
+                fraction, where = answer_in_topk_fraction(subset, retrieve, k=args.topk), f"in the top {args.topk}"
+            print(f"{path} {source}: {fraction:.3f} of {len(subset)} questions have a gold answer {where}")
     return 0
 
 

@@ -11,7 +11,14 @@ import json
 import httpx
 import pytest
 
-from data_prep.ceiling import RetrieveFn, answer_in_topk_fraction, has_answer, http_retrieve_fn, normalise_answer
+from data_prep.ceiling import (
+    RetrieveFn,
+    answer_in_corpus_fraction,
+    answer_in_topk_fraction,
+    has_answer,
+    http_retrieve_fn,
+    normalise_answer,
+)
 from data_prep.rows import make_row
 
 PASSAGES = {
@@ -93,3 +100,14 @@ def test_http_retrieve_fn_reads_both_response_shapes(scored: bool) -> None:
     retrieve = http_retrieve_fn("http://retriever.test/retrieve", k=3, client=client)
     assert answer_in_topk_fraction(_rows(), retrieve, k=3) == 0.5
     assert seen[0] == {"queries": list(ANSWERS), "topk": 3, "return_scores": False}
+
+
+def test_answer_anywhere_in_corpus_bounds_every_top_k() -> None:
+    corpus = [p for passages in PASSAGES.values() for p in passages] + ['"Lima"\nLima is the capital of Peru.']
+    fraction = answer_in_corpus_fraction(_rows(), corpus)
+    assert fraction == 0.75  # all but the Mona Lisa
+    assert fraction >= answer_in_topk_fraction(_rows(), _retrieve([]), k=3)
+    # A multi-word answer does not match across two passages.
+    assert answer_in_corpus_fraction(_rows()[3:], ['"A"\nby Leonardo', '"B"\nda Vinci']) == 0.0
+    with pytest.raises(ValueError, match="no rows"):
+        answer_in_corpus_fraction([], corpus)
