@@ -115,62 +115,61 @@ def _evidence_musique(path: Path) -> dict[str, list[Passage]]:
 
 _NQ_LICENCE = "NQ: CC BY-SA 3.0; Wikipedia text: CC BY-SA"
 _HOTPOT_LICENCE = "HotpotQA: CC BY-SA 4.0"
+_HIPPORAG = {"repo": "OSU-NLP-Group/HippoRAG", "commit": "b144c46df14cabe5f5822d8caded4bec5f709461"}
+_R1 = {"repo": "RUCAIBox/R1-Searcher", "commit": "631167cbb3c2464f805730e3e364a690f5b136d4"}
 NQ_ORACLE = RawFile(
-    "nelson-liu__lost-in-the-middle/nq-open-oracle.jsonl.gz",
-    "nq",
-    "dpr",
-    "nelson-liu/lost-in-the-middle",
-    "29b8a6d042ce29abccee3db1a73171a107d7e6af",
-    "qa_data/nq-open-oracle.jsonl.gz",
-    f"{_NQ_LICENCE}; repository MIT",
-    _evidence_nq_oracle,
+    rel="nelson-liu__lost-in-the-middle/nq-open-oracle.jsonl.gz",
+    source="nq",
+    fmt="dpr",
+    repo="nelson-liu/lost-in-the-middle",
+    commit="29b8a6d042ce29abccee3db1a73171a107d7e6af",
+    path_in_repo="qa_data/nq-open-oracle.jsonl.gz",
+    licence=f"{_NQ_LICENCE}; repository MIT",
+    evidence=_evidence_nq_oracle,
 )
 HOTPOT_IRCOT = RawFile(
-    "xindili-cmu__anlp-project-multihop/dev_subsampled.jsonl.gz",
-    "hotpotqa",
-    "ircot",
-    "xindili-cmu/anlp-project-multihop",
-    "df0d5757f42f098ab6026f40323e91c369307506",
-    "processed_data/hotpotqa/dev_subsampled.jsonl",
-    f"{_HOTPOT_LICENCE}; repository Apache-2.0",
-    _evidence_ircot,
+    rel="xindili-cmu__anlp-project-multihop/dev_subsampled.jsonl.gz",
+    source="hotpotqa",
+    fmt="ircot",
+    repo="xindili-cmu/anlp-project-multihop",
+    commit="df0d5757f42f098ab6026f40323e91c369307506",
+    path_in_repo="processed_data/hotpotqa/dev_subsampled.jsonl",
+    licence=f"{_HOTPOT_LICENCE}; repository Apache-2.0",
+    evidence=_evidence_ircot,
 )
 HOTPOT_HIPPORAG = RawFile(
-    "OSU-NLP-Group__HippoRAG/hotpotqa_train.json",
-    "hotpotqa",
-    "hotpotqa",
-    "OSU-NLP-Group/HippoRAG",
-    "b144c46df14cabe5f5822d8caded4bec5f709461",
-    "data/hotpotqa_train.json",
-    f"{_HOTPOT_LICENCE}; repository MIT",
-    _evidence_hotpotqa,
+    rel="OSU-NLP-Group__HippoRAG/hotpotqa_train.json",
+    source="hotpotqa",
+    fmt="hotpotqa",
+    **_HIPPORAG,
+    path_in_repo="data/hotpotqa_train.json",
+    licence=f"{_HOTPOT_LICENCE}; repository MIT",
+    evidence=_evidence_hotpotqa,
 )
 MUSIQUE_HIPPORAG = RawFile(
-    "OSU-NLP-Group__HippoRAG/musique_train.json",
-    "musique",
-    "musique",
-    "OSU-NLP-Group/HippoRAG",
-    "b144c46df14cabe5f5822d8caded4bec5f709461",
-    "data/musique_train.json",
-    "MuSiQue: CC BY 4.0; repository MIT",
-    _evidence_musique,
+    rel="OSU-NLP-Group__HippoRAG/musique_train.json",
+    source="musique",
+    fmt="musique",
+    **_HIPPORAG,
+    path_in_repo="data/musique_train.json",
+    licence="MuSiQue: CC BY 4.0; repository MIT",
+    evidence=_evidence_musique,
 )
-_R1 = ("RUCAIBox/R1-Searcher", "631167cbb3c2464f805730e3e364a690f5b136d4")
 TWOWIKI_R1 = RawFile(
-    "RUCAIBox__R1-Searcher/2wiki_500.jsonl",
-    "2wikimultihopqa",
-    "r1searcher",
-    *_R1,
-    "data/eval_set/2wiki_500.jsonl",
-    "2WikiMultihopQA: licence not checked; repository MIT",
+    rel="RUCAIBox__R1-Searcher/2wiki_500.jsonl",
+    source="2wikimultihopqa",
+    fmt="r1searcher",
+    **_R1,
+    path_in_repo="data/eval_set/2wiki_500.jsonl",
+    licence="2WikiMultihopQA: licence not checked; repository MIT",
 )
 BAMBOOGLE_R1 = RawFile(
-    "RUCAIBox__R1-Searcher/bamboogle.jsonl",
-    "bamboogle",
-    "r1searcher",
-    *_R1,
-    "data/eval_set/bamboogle.jsonl",
-    "Bamboogle: licence not checked; repository MIT",
+    rel="RUCAIBox__R1-Searcher/bamboogle.jsonl",
+    source="bamboogle",
+    fmt="r1searcher",
+    **_R1,
+    path_in_repo="data/eval_set/bamboogle.jsonl",
+    licence="Bamboogle: licence not checked; repository MIT",
 )
 
 
@@ -278,60 +277,74 @@ def _input_entry(raw: Path, rf: RawFile) -> dict[str, str]:
     }
 
 
-def build(raw: Path, corpus: Path, out: Path, sizes: Sizes = Sizes()) -> dict[str, Any]:
-    """Build every shipped file under ``out`` and return the manifest (also written to ``out/MANIFEST.json``)."""
-    template = load_template(TEMPLATE)
-    corpus_keys = load_corpus_keys(corpus)
+@dataclass(frozen=True)
+class FilePlan:
+    """What goes into one shipped file, and from where."""
+
+    split: str
+    questions: list[Question]
+    pools: list[Pool]
+    selection: str
+
+
+def plan_files(raw: Path, corpus_keys: set[Passage], sizes: Sizes) -> dict[str, FilePlan]:
+    """Decide the questions of every shipped file (path under the output folder -> plan)."""
     nq = _read(raw, [NQ_ORACLE], corpus_keys)
     hotpot = _read(raw, [HOTPOT_IRCOT, HOTPOT_HIPPORAG], corpus_keys)
     nq_train, nq_test = split_pool(nq.questions, sizes.nq_test, set())
     hp_train, hp_test = split_pool(hotpot.questions, sizes.hotpotqa_test, {raw / HOTPOT_HIPPORAG.rel})
-    pools = {
-        "musique": _read(raw, [MUSIQUE_HIPPORAG], corpus_keys),
-        "2wikimultihopqa": _read(raw, [TWOWIKI_R1], None),
-        "bamboogle": _read(raw, [BAMBOOGLE_R1], None),
-    }
-    split_rule = (
-        f"per source, questions sorted by sha256('{SALT}|<source>|<question id>'); the first n go to test "
-        "(HippoRAG train questions never do), the rest to train"
+    rule = (
+        f"questions whose gold passages are all in the corpus, sorted per source by sha256('{SALT}|<source>|"
+        f"<question id>'); the first {sizes.nq_test} nq and {sizes.hotpotqa_test} hotpotqa go to test (HippoRAG "
+        "train questions never do), the rest to train"
     )
-    plan: dict[str, tuple[str, list[Question], list[Pool], str]] = {
-        "nq_hotpotqa_mini/train.parquet": ("train", nq_train + hp_train, [nq, hotpot], split_rule),
-        "nq_hotpotqa_mini/test.parquet": (
-            "test",
-            nq_test + hp_test,
-            [nq, hotpot],
-            f"{split_rule}; n = {sizes.nq_test} nq, {sizes.hotpotqa_test} hotpotqa",
-        ),
+    plan = {
+        "nq_hotpotqa_mini/train.parquet": FilePlan("train", nq_train + hp_train, [nq, hotpot], rule),
+        "nq_hotpotqa_mini/test.parquet": FilePlan("test", nq_test + hp_test, [nq, hotpot], rule),
     }
-    for name, pool in pools.items():
-        rule = "all questions" + (", kept when every gold paragraph is in the corpus" if pool.evidence else "")
-        plan[f"eval/{name}_test.parquet"] = ("test", pool.questions, [pool], rule + "; evaluation only")
-    check_disjoint(
-        plan["nq_hotpotqa_mini/train.parquet"][1],
-        {name: qs for name, (split, qs, _, _) in plan.items() if split == "test"},
-    )
+    for name, files, keys in [
+        ("musique", [MUSIQUE_HIPPORAG], corpus_keys),
+        ("2wikimultihopqa", [TWOWIKI_R1], None),
+        ("bamboogle", [BAMBOOGLE_R1], None),
+    ]:
+        pool = _read(raw, files, keys)
+        chosen = "questions whose gold paragraphs are all in the corpus" if pool.evidence else "all questions"
+        plan[f"eval/{name}_test.parquet"] = FilePlan("test", pool.questions, [pool], f"{chosen}; evaluation only")
+    tests = {name: p.questions for name, p in plan.items() if p.split == "test"}
+    check_disjoint(plan["nq_hotpotqa_mini/train.parquet"].questions, tests)
+    return plan
 
+
+def _shown_path(path: Path) -> str:
+    """``path`` relative to the repository when inside it, so the manifest does not depend on the checkout."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(REPO_ROOT)) if resolved.is_relative_to(REPO_ROOT) else str(path)
+
+
+def build(raw: Path, corpus: Path, out: Path, sizes: Sizes = Sizes()) -> dict[str, Any]:
+    """Build every shipped file under ``out`` and return the manifest (also written to ``out/MANIFEST.json``)."""
+    template = load_template(TEMPLATE)
+    corpus_keys = load_corpus_keys(corpus)
     files: dict[str, Any] = {}
-    for name, (split, questions, used, rule) in plan.items():
-        rows = build_rows(questions, split, template)
+    for name, plan in plan_files(raw, corpus_keys, sizes).items():
+        rows = build_rows(plan.questions, plan.split, template)
         write_rows(rows, out / name)
         files[name] = {
-            "split": split,
+            "split": plan.split,
             "rows": len(rows),
             "rows_per_source": dict(sorted(Counter(r["data_source"] for r in rows).items())),
-            "selection": rule,
-            "evidence_check": {rel: counts for p in used for rel, counts in p.evidence.items()},
-            "inputs": [_input_entry(raw, rf) for p in used for rf in p.files],
+            "selection": plan.selection,
+            "evidence_check": {rel: counts for p in plan.pools for rel, counts in p.evidence.items()},
+            "inputs": [_input_entry(raw, rf) for p in plan.pools for rf in p.files],
             "sha256": _sha256(out / name),
         }
     manifest = {
         "description": "search-rl default mini benchmark; see docs/data.md",
         "command": COMMAND,
         "builder": "data_prep/build_default_dataset.py",
-        "template": {"name": TEMPLATE, "file": "configs/templates/search.txt", "sha256": _sha256(template.path)},
-        "corpus": {"file": "data/corpus/wiki_mini.jsonl.gz", "passages": len(corpus_keys), "sha256": _sha256(corpus)},
-        "train_test_disjoint": "checked: no test question (case-insensitive) occurs in train",
+        "template": {"name": TEMPLATE, "file": _shown_path(template.path), "sha256": _sha256(template.path)},
+        "corpus": {"file": _shown_path(corpus), "passages": len(corpus_keys), "sha256": _sha256(corpus)},
+        "train_test_disjoint": "checked: no test question (case-insensitive, trailing '?' ignored) occurs in train",
         "files": files,
     }
     (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
