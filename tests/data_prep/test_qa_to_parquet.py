@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -267,3 +269,28 @@ def test_tokenizer_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         stdout,
     )
     assert match and 100 < int(match.group(1)) <= int(match.group(2)) < 300
+
+
+def test_module_entry_point(tmp_path: Path) -> None:
+    """The documented command itself, as a subprocess."""
+    out = tmp_path / "o.parquet"
+    path = RAW / "RUC-NLPIR__FlashRAG/test.jsonl"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "data_prep.qa_to_parquet",
+            "--input",
+            f"nq={path}",
+            "--split",
+            "test",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "wrote 3 rows for data_source=nq" in done.stdout and len(read_rows(out)) == 3
