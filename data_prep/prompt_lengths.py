@@ -1,7 +1,8 @@
 """Prompt-length statistics in tokens, measured the way the trainer will tokenize the prompts.
 
 If the tokenizer has a chat template, each prompt is rendered with it (``add_generation_prompt=True``), as
-Search-R1 does for instruct models; otherwise the prompt text is encoded as is.
+Search-R1 does for instruct models; otherwise the message contents joined by newlines, plus a final newline, are
+encoded without special tokens. Both mirror ``search_rl.agent.prompts.encode_prompt``, which the rollout uses.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ def count_prompt_tokens(messages: Sequence[Sequence[dict[str, str]]], tokenizer:
             # transformers 5 returns a BatchEncoding here; older versions a plain list of ids.
             ids = ids["input_ids"] if hasattr(ids, "keys") else ids
         else:
-            ids = tokenizer("".join(m["content"] for m in prompt), add_special_tokens=True)["input_ids"]
+            text = "\n".join(m["content"] for m in prompt) + "\n"
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         lengths.append(len(ids))
     return lengths, use_chat
 

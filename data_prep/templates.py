@@ -65,15 +65,17 @@ def load_template(name_or_path: str) -> Template:
 def format_passages(contents: Sequence[str]) -> str:
     """Number retrieved passages for the ``{passages}`` slot, one per line.
 
-    Each passage is a corpus ``contents`` string, ``"Title"\\ntext``.
+    Each passage is a corpus ``contents`` string, ``"Title"\\ntext``. The ``Doc i(Title: …) text`` layout is the
+    one search observations use (``search_rl.agent.observations``, after Search-R1), so the baseline shows passages
+    exactly as the search policy sees them.
 
     >>> format_passages(['"Paris"\\nParis is the capital of France.'])
-    'Doc 1 (Title: Paris) Paris is the capital of France.'
+    'Doc 1(Title: Paris) Paris is the capital of France.'
     """
     lines = []
     for i, passage in enumerate(contents, start=1):
         title, _, text = passage.partition("\n")
-        lines.append(f"Doc {i} (Title: {title.strip().strip(chr(34))}) {text.strip()}")
+        lines.append(f"Doc {i}(Title: {title.strip().strip(chr(34))}) {text.strip()}")
     return "\n".join(lines)
 
 

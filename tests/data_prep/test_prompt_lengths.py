@@ -23,12 +23,13 @@ def _prompts(*texts: str) -> list[list[dict[str, str]]]:
 
 
 def test_stats_on_raw_text(tokenizer: Any) -> None:
-    # BERT WordPiece: [CLS] + one token per common word + [SEP].
-    stats = prompt_length_stats(_prompts("hello", "hello world", "hello world again today"), tokenizer, 3)
-    assert (stats.count, stats.min, stats.p50, stats.max) == (3, 3, 4, 6)
-    assert stats.mean == pytest.approx(13 / 3)
-    assert stats.p95 == 6 and stats.over_limit == 2 and not stats.used_chat_template
-    assert "2 rows exceed max_prompt_length=3" in stats.describe()
+    # Without a chat template the text is encoded without special tokens, as the rollout does: one BERT WordPiece
+    # token per common word (the trailing newline is whitespace to it).
+    stats = prompt_length_stats(_prompts("hello", "hello world", "hello world again today"), tokenizer, 1)
+    assert (stats.count, stats.min, stats.p50, stats.max) == (3, 1, 2, 4)
+    assert stats.mean == pytest.approx(7 / 3)
+    assert stats.p95 == 4 and stats.over_limit == 2 and not stats.used_chat_template
+    assert "2 rows exceed max_prompt_length=1" in stats.describe()
 
 
 def test_chat_template_is_used_when_present(tokenizer: Any) -> None:

@@ -36,19 +36,19 @@ def test_render_naive_rag_with_passages() -> None:
     passages = ['"Hamlet"\nHamlet is a tragedy by William Shakespeare.', '"Macbeth"\nMacbeth is a tragedy.']
     prompt = render_prompt(load_template("naive_rag"), "who wrote hamlet?", passages)
     assert (
-        "Passages:\nDoc 1 (Title: Hamlet) Hamlet is a tragedy by William Shakespeare.\n"
-        "Doc 2 (Title: Macbeth) Macbeth is a tragedy.\nQuestion: who wrote hamlet?\n"
+        "Passages:\nDoc 1(Title: Hamlet) Hamlet is a tragedy by William Shakespeare.\n"
+        "Doc 2(Title: Macbeth) Macbeth is a tragedy.\nQuestion: who wrote hamlet?\n"
     ) in prompt
 
 
 def test_slots_are_filled_in_one_pass() -> None:
     # A question or passage that contains a slot name is inserted literally, not expanded again.
     prompt = render_prompt(load_template("naive_rag"), "what is {passages}?", ['"T"\nabout {question}'])
-    assert "Doc 1 (Title: T) about {question}\nQuestion: what is {passages}?\n" in prompt
+    assert "Doc 1(Title: T) about {question}\nQuestion: what is {passages}?\n" in prompt
 
 
 def test_format_passages_without_title_line() -> None:
-    assert format_passages(["just text"]) == "Doc 1 (Title: just text) "
+    assert format_passages(["just text"]) == "Doc 1(Title: just text) "
 
 
 def test_template_from_a_file(tmp_path: Path) -> None:
