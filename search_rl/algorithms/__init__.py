@@ -1,0 +1,57 @@
+"""The RL objective, in pure torch: advantage estimators, policy/value/entropy/KL losses, KL-in-reward control.
+
+Nothing here knows about Ray, models or rollouts; everything takes (B, T) tensors plus an ``AlgorithmConfig``,
+and every term is restricted to the model-generated tokens of a search response (see ``docs/algorithms.md``).
+"""
+
+from search_rl.algorithms.advantages import (
+    ADVANTAGES,
+    AdvantageInputs,
+    AdvantageOutputs,
+    compute_discounted_returns,
+    compute_gae,
+)
+from search_rl.algorithms.config import AlgorithmConfig
+from search_rl.algorithms.kl_control import (
+    AdaptiveKLController,
+    FixedKLController,
+    KLController,
+    apply_kl_penalty,
+    build_kl_controller,
+)
+from search_rl.algorithms.losses import (
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    POLICY_LOSSES,
+    aggregate_loss,
+    compute_actor_loss,
+    compute_value_loss,
+    entropy_from_logits,
+    estimate_kl,
+    loss_mask_for,
+    masked_entropy,
+)
+
+__all__ = [
+    "ADVANTAGES",
+    "KL_ESTIMATORS",
+    "LOSS_AGGREGATIONS",
+    "POLICY_LOSSES",
+    "AdaptiveKLController",
+    "AdvantageInputs",
+    "AdvantageOutputs",
+    "AlgorithmConfig",
+    "FixedKLController",
+    "KLController",
+    "aggregate_loss",
+    "apply_kl_penalty",
+    "build_kl_controller",
+    "compute_actor_loss",
+    "compute_discounted_returns",
+    "compute_gae",
+    "compute_value_loss",
+    "entropy_from_logits",
+    "estimate_kl",
+    "loss_mask_for",
+    "masked_entropy",
+]
