@@ -24,7 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
 from search_rl.models.tiny import build_tiny_model
 
@@ -86,6 +87,7 @@ def _atomic_save(target: Path, save: Callable[[Path], object]) -> None:
     """Write into a temporary sibling dir, then rename: a crash never leaves a half-written cache entry."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the cache is meant to be shared
     try:
         save(tmp)
         try:
@@ -108,18 +110,29 @@ def gguf_tokenizer_dir(gguf: Path) -> Path:
     return target
 
 
+def _dequantise_gguf(gguf: Path) -> PreTrainedModel:
+    """Float32 model from a GGUF file, without ``accelerate`` (which ``from_pretrained(gguf_file=...)`` requires)."""
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model)["tensors"]
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    if set(missing) - tied or unexpected:
+        raise ValueError(f"GGUF {gguf}: tensors missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}")
+    model.tie_weights()
+    return model
+
+
 def gguf_model_dir(gguf: Path) -> Path:
     """Cached HF model directory (safetensors + config + tokenizer) converted from ``gguf`` (first use ~20 s)."""
     target = _cache_dir(gguf) / "model"
     if not (target / "config.json").is_file():
         logger.info("dequantising %s into %s (once)", gguf, target)
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, local_files_only=True
-        )
+        model = _dequantise_gguf(gguf)
         tok = AutoTokenizer.from_pretrained(gguf_tokenizer_dir(gguf), local_files_only=True)
 
         def save(d: Path) -> None:
-            model.save_pretrained(d, safe_serialization=True)
+            model.save_pretrained(d)
             tok.save_pretrained(d)
 
         _atomic_save(target, save)

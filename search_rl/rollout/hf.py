@@ -22,9 +22,13 @@ logger = logging.getLogger(__name__)
 
 
 class LogitsProcessor(Protocol):
-    """Hook that may rewrite next-token logits: ``(context ids per active row, logits (R, V)) -> logits (R, V)``."""
+    """Hook that may rewrite next-token logits of the active rows.
 
-    def __call__(self, contexts: list[list[int]], logits: torch.Tensor) -> torch.Tensor: ...
+    Called as ``(prompts, generated, logits)``: each row's prompt ids, the ids it generated so far in this call,
+    and its raw logits (R, V); returns logits (R, V).
+    """
+
+    def __call__(self, prompts: list[list[int]], generated: list[list[int]], logits: torch.Tensor) -> torch.Tensor: ...
 
 
 class HFEngine:
@@ -140,7 +144,7 @@ class HFEngine:
         window = max((len(s) for s in stops), default=0) + 2
         while True:
             if self.logits_processor is not None:
-                logits = self.logits_processor([prompts[i] + tokens[i] for i in active], logits)
+                logits = self.logits_processor([prompts[i] for i in active], [tokens[i] for i in active], logits)
             next_tok, next_lp = _sample(logits, params, gen)  # (R,), (R,)
             tok_list, lp_list = next_tok.tolist(), next_lp.tolist()
             for row, i in enumerate(active):

@@ -1,0 +1,128 @@
+"""Fixtures of the search_rl tests: the SmolLM2 tokenizer, the tiny random Llama, and helpers that drive a real model.
+
+``ScriptedLogits`` makes a real transformers model (the tiny random Llama) write scripted turns: the HF engine runs
+its normal batched, KV-cached decode and sampling, but the logits are pushed towards the scripted next token. So the
+agent loop is exercised end to end with deterministic, readable model output.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+
+import pytest
+import torch
+
+from search_rl.agent.prompts import encode_prompt
+from search_rl.datatypes import Generated, SamplingParams
+from search_rl.models import build_tiny_model, load_tokenizer
+from search_rl.rollout.hf import HFEngine
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """SmolLM2-135M-Instruct's tokenizer (extracted from the packaged GGUF once, then cached)."""
+    return load_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tokenizer):
+    """A 2-layer, 64-wide random Llama with SmolLM2's vocabulary (shared: do not change its weights)."""
+    return build_tiny_model(tokenizer, seed=0)
+
+
+@pytest.fixture
+def tiny_engine(tiny_model, tokenizer) -> HFEngine:
+    return HFEngine(tiny_model, tokenizer)
+
+
+class ScriptedLogits:
+    """Logits processor forcing each sample, identified by its original prompt, through scripted turn texts.
+
+    Turn ``k`` of a sample is the ``k``-th engine call that contains it. Past the end of a turn's script the EOS
+    token is forced. The bias is large but finite, so sampled tokens still come from ``torch.multinomial``.
+    """
+
+    BIAS = 100.0
+
+    def __init__(self, tokenizer, scripts: dict[tuple[int, ...], Sequence[str]]) -> None:
+        self.eos = tokenizer.eos_token_id
+        self.scripts = {
+            p: [tokenizer.encode(t, add_special_tokens=False) for t in turns] for p, turns in scripts.items()
+        }
+        self.turn: dict[tuple[int, ...], int] = {p: -1 for p in scripts}
+
+    def _owner(self, prompt: list[int]) -> tuple[int, ...]:
+        for p in self.scripts:
+            if tuple(prompt[: len(p)]) == p:
+                return p
+        raise AssertionError("ScriptedLogits: a prompt without a script reached the engine")
+
+    def __call__(self, prompts: list[list[int]], generated: list[list[int]], logits: torch.Tensor) -> torch.Tensor:
+        logits = logits.clone()
+        for row, (prompt, gen) in enumerate(zip(prompts, generated, strict=True)):
+            owner = self._owner(prompt)
+            if not gen:
+                self.turn[owner] += 1
+            turns = self.scripts[owner]
+            script = turns[self.turn[owner]] if self.turn[owner] < len(turns) else []
+            forced = script[len(gen)] if len(gen) < len(script) else self.eos
+            logits[row, forced] += self.BIAS
+        return logits
+
+
+class RecordingEngine:
+    """Wraps an engine and records every call and result, to compare trajectories with what was sampled."""
+
+    def __init__(self, inner: HFEngine, after_call=None) -> None:
+        self.inner = inner
+        self.calls: list[tuple[list[list[int]], SamplingParams, list[Generated]]] = []
+        self.after_call = after_call
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self.inner.eos_token_ids
+
+    @property
+    def max_model_len(self) -> int:
+        return self.inner.max_model_len
+
+    @property
+    def weight_version(self) -> int:
+        return self.inner.weight_version
+
+    def generate(self, prompts, params, max_new_tokens=None) -> list[Generated]:
+        out = self.inner.generate(prompts, params, max_new_tokens)
+        self.calls.append(([list(p) for p in prompts], params, out))
+        if self.after_call is not None:
+            self.after_call(len(self.calls))
+        return out
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        self.inner.update_weights(named_tensors, version)
+
+
+@pytest.fixture
+def make_scripted_engine(tiny_model, tokenizer):
+    """Factory: ``(scripts: {prompt ids: [turn texts]}, after_call=None) -> RecordingEngine`` over the tiny model."""
+
+    def make(scripts: dict[tuple[int, ...], Sequence[str]], after_call=None) -> RecordingEngine:
+        engine = HFEngine(tiny_model, tokenizer, logits_processor=ScriptedLogits(tokenizer, scripts))
+        return RecordingEngine(engine, after_call)
+
+    return make
+
+
+@pytest.fixture
+def make_prompt(tokenizer):
+    """Factory: ``question -> prompt ids`` (a short chat prompt in SmolLM2's template)."""
+    return lambda question: encode_prompt(tokenizer, [{"role": "user", "content": f"Search, then answer: {question}"}])
+
+
+@pytest.fixture
+def recording():
+    """Factory: ``(engine, after_call=None) -> RecordingEngine`` wrapping any engine."""
+    return RecordingEngine

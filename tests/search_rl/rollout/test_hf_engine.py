@@ -1,0 +1,144 @@
+"""HF engine: KV-cached left-padded decoding equals a plain forward pass, stops, greedy, seeds, logprobs, weights.
+
+Run: python -m pytest tests/search_rl/rollout/test_hf_engine.py -q
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from search_rl.config import HFEngineConfig
+from search_rl.datatypes import SamplingParams
+from search_rl.models import build_tiny_model
+from search_rl.rollout.base import RolloutEngine
+from search_rl.rollout.hf import HFEngine
+
+PROMPTS = ["The capital of France is", "Hi", "A much longer prompt that needs left padding in a batch of three"]
+
+
+def _ids(tokenizer, texts):
+    return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+
+
+def _full_forward_logits(model, ids: list[int]) -> torch.Tensor:
+    """Logits (L, V) of an unpadded, uncached forward pass: the reference the engine must agree with."""
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids])).logits[0].float()
+
+
+def test_engine_satisfies_protocol(tiny_engine):
+    assert isinstance(tiny_engine, RolloutEngine)
+    assert tiny_engine.eos_token_ids == (2,)
+
+
+def test_greedy_batched_equals_unpadded_argmax(tiny_engine, tiny_model, tokenizer):
+    """Greedy with left padding + KV cache picks, at every step, the argmax of a plain forward over the sequence."""
+    prompts = _ids(tokenizer, PROMPTS)
+    out = tiny_engine.generate(prompts, SamplingParams(max_new_tokens=12, greedy=True))
+    assert [len(g.token_ids) for g in out] == [12, 12, 12]
+    for prompt, g in zip(prompts, out, strict=True):
+        logits = _full_forward_logits(tiny_model, prompt + list(g.token_ids))
+        steps = logits[len(prompt) - 1 : -1]  # (12, V) logits that chose each generated token
+        chosen = steps.gather(-1, torch.tensor(g.token_ids)[:, None])[:, 0]
+        # ties are resolved by float noise; the chosen logit must be the maximum up to that noise
+        assert torch.all(chosen >= steps.max(-1).values - 1e-4)
+        ref_lp = torch.log_softmax(steps, -1).gather(-1, torch.tensor(g.token_ids)[:, None])[:, 0]
+        assert torch.allclose(torch.tensor(g.logprobs), ref_lp, atol=1e-4)
+
+
+def test_greedy_ignores_seed_and_batch_size(tiny_model, tokenizer):
+    prompts = _ids(tokenizer, PROMPTS)
+    a = HFEngine(tiny_model, tokenizer).generate(prompts, SamplingParams(max_new_tokens=8, greedy=True, seed=1))
+    b = HFEngine(tiny_model, tokenizer, HFEngineConfig(max_batch_size=1)).generate(
+        prompts, SamplingParams(max_new_tokens=8, greedy=True, seed=2)
+    )
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+
+
+def test_seed_reproducible_and_different_seeds_differ(tiny_engine, tokenizer):
+    prompts = _ids(tokenizer, PROMPTS)
+    p1 = SamplingParams(max_new_tokens=10, seed=7)
+    a = tiny_engine.generate(prompts, p1)
+    b = tiny_engine.generate(prompts, p1)
+    c = tiny_engine.generate(prompts, SamplingParams(max_new_tokens=10, seed=8))
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    assert [g.token_ids for g in a] != [g.token_ids for g in c]
+
+
+def test_sampled_logprobs_match_temperature_scaled_forward(tiny_engine, tiny_model, tokenizer):
+    prompt = _ids(tokenizer, PROMPTS[:1])[0]
+    g = tiny_engine.generate([prompt], SamplingParams(max_new_tokens=6, temperature=0.5, seed=0))[0]
+    logits = _full_forward_logits(tiny_model, prompt + list(g.token_ids))[len(prompt) - 1 : -1] / 0.5
+    ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(g.token_ids)[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(g.logprobs), ref, atol=1e-4)
+
+
+def test_top_k_one_is_greedy(tiny_engine, tokenizer):
+    prompts = _ids(tokenizer, PROMPTS)
+    greedy = tiny_engine.generate(prompts, SamplingParams(max_new_tokens=6, greedy=True))
+    top1 = tiny_engine.generate(prompts, SamplingParams(max_new_tokens=6, top_k=1, seed=3))
+    assert [g.token_ids for g in greedy] == [g.token_ids for g in top1]
+
+
+def test_per_sample_stop_keeps_nothing_after_the_stop(tiny_model, tokenizer, make_scripted_engine):
+    """Each sample stops right after its own stop string; the rest of its script is never generated."""
+    prompts = _ids(tokenizer, ["one", "two", "three"])
+    scripts = {
+        tuple(prompts[0]): ["<think>x</think><search> capital of France </search> TRAILING words here"],
+        tuple(prompts[1]): ["<answer> Paris </answer> MORE after the answer"],
+        tuple(prompts[2]): ["no stop string in this text at all, it just keeps going on and on " * 3],
+    }
+    engine = make_scripted_engine(scripts)
+    out = engine.generate(prompts, SamplingParams(max_new_tokens=24, stop=("</search>", "</answer>")))
+    texts = [tokenizer.decode(g.token_ids) for g in out]
+    assert texts[0] == "<think>x</think><search> capital of France </search>"
+    assert (out[0].finish_reason, out[0].stop_str) == ("stop", "</search>")
+    assert texts[1] == "<answer> Paris </answer>"
+    assert (out[1].finish_reason, out[1].stop_str) == ("stop", "</answer>")
+    assert out[2].finish_reason == "length" and len(out[2].token_ids) == 24
+    assert "TRAILING" not in texts[0] and "MORE" not in texts[1]
+
+
+def test_eos_ends_a_sample_and_is_kept(tokenizer, make_scripted_engine):
+    prompts = _ids(tokenizer, ["a", "b"])
+    engine = make_scripted_engine({tuple(prompts[0]): ["short"], tuple(prompts[1]): ["a longer scripted text"]})
+    out = engine.generate(prompts, SamplingParams(max_new_tokens=30, stop=("</search>",)))
+    assert out[0].finish_reason == "eos" and out[0].token_ids[-1] == tokenizer.eos_token_id
+    assert tokenizer.decode(out[0].token_ids[:-1]) == "short"
+    assert out[1].finish_reason == "eos" and tokenizer.decode(out[1].token_ids[:-1]) == "a longer scripted text"
+
+
+def test_per_sample_max_new_tokens(tiny_engine, tokenizer):
+    prompts = _ids(tokenizer, PROMPTS)
+    out = tiny_engine.generate(prompts, SamplingParams(max_new_tokens=50, greedy=True), max_new_tokens=[3, 1, 5])
+    assert [len(g.token_ids) for g in out] == [3, 1, 5]
+    assert all(g.finish_reason == "length" for g in out)
+
+
+def test_generate_rejects_bad_calls(tiny_engine, tokenizer):
+    with pytest.raises(ValueError, match="prompt 0 is empty"):
+        tiny_engine.generate([[]], SamplingParams())
+    with pytest.raises(ValueError, match="exceeds|> context"):
+        tiny_engine.generate([[1] * 4090], SamplingParams(max_new_tokens=10))
+    with pytest.raises(ValueError, match="2 max_new_tokens for 1 prompts"):
+        tiny_engine.generate([[1, 2]], SamplingParams(), max_new_tokens=[1, 2])
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=0.0)
+
+
+def test_update_weights_changes_outputs_and_version(tokenizer):
+    model = build_tiny_model(tokenizer, seed=0)
+    engine = HFEngine(model, tokenizer)
+    prompts = _ids(tokenizer, PROMPTS)
+    before = engine.generate(prompts, SamplingParams(max_new_tokens=8, greedy=True))
+    other = build_tiny_model(tokenizer, seed=1)
+    engine.update_weights(other.named_parameters(), version=3)
+    after = engine.generate(prompts, SamplingParams(max_new_tokens=8, greedy=True))
+    reference = HFEngine(other, tokenizer).generate(prompts, SamplingParams(max_new_tokens=8, greedy=True))
+    assert engine.weight_version == 3
+    assert [g.token_ids for g in after] == [g.token_ids for g in reference] != [g.token_ids for g in before]
+    with pytest.raises(KeyError, match="no tensor named 'nope'"):
+        engine.update_weights([("nope", torch.zeros(1))], version=4)
+    with pytest.raises(ValueError, match="shape"):
+        engine.update_weights([("model.norm.weight", torch.zeros(3))], version=4)
