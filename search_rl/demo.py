@@ -51,11 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("port %d is taken; using %d", args.port, port)
     except httpx.TransportError:
         pass
-    logger.info(
-        "starting the retriever (%s over %s); the first start builds and caches the index ...",
-        settings.method.value,
-        settings.corpus_path,
-    )
+    logger.info("starting the retriever (%s over %s); the first start builds and caches the index ...",
+                settings.method.value, settings.corpus_path)
     t0 = time.perf_counter()
     with RetrieverProcess(port=port, ready_timeout_s=3600) as server:
         logger.info("ready in %.0fs at %s", time.perf_counter() - t0, server.url)
