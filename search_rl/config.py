@@ -2,13 +2,13 @@
 
 This module holds the rollout side (``RolloutConfig``, ``RetrieverClientConfig``, ``HFEngineConfig``); the trainer
 adds its groups here and registers them in Hydra's ``ConfigStore``. Single-field checks live in ``__post_init__``;
-checks that need another component (the engine's context length) live in ``validate`` methods.
+checks that need another component (the engine's context length) live in ``validate`` methods. Choice fields are
+plain ``str`` checked in ``__post_init__`` (OmegaConf structured configs accept no ``Literal``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 START_RETRIEVER_HINT = (
     "start it with `RETRIEVER_METHOD=bm25 python -m uvicorn retriever_server.app:app --host 127.0.0.1 --port 8000` "
@@ -94,9 +94,9 @@ class RolloutConfig:
     """Argmax decoding (validation and evaluation)."""
     seed: int | None = None
     """Sampling seed for reproducible rollouts; None = not seeded."""
-    prompt_truncation: Literal["error", "left"] = "error"
+    prompt_truncation: str = "error"
     """What to do with a prompt over ``max_prompt_tokens``: raise, or drop its leftmost tokens (counted)."""
-    on_retriever_error: Literal["raise", "observe"] = "raise"
+    on_retriever_error: str = "raise"
     """After the client's retries are spent: fail the step (``raise``), or show the model an error observation and
     count it in ``rollout/retriever_errors`` (``observe``)."""
 

@@ -50,3 +50,13 @@ def test_every_field_has_an_attribute_docstring():
             if isinstance(a, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
         }
         assert {f.name for f in dataclasses.fields(cls)} <= documented, cls.__name__
+
+
+def test_configs_are_omegaconf_structured():
+    """The trainer registers these dataclasses in Hydra's ConfigStore: they must convert both ways."""
+    from omegaconf import OmegaConf
+
+    for cls in (RolloutConfig, RetrieverClientConfig, HFEngineConfig):
+        assert isinstance(OmegaConf.to_object(OmegaConf.structured(cls)), cls)
+    merged = OmegaConf.merge(OmegaConf.structured(RolloutConfig), {"max_turns": 2, "on_retriever_error": "observe"})
+    assert OmegaConf.to_object(merged).max_turns == 2

@@ -1,0 +1,167 @@
+"""Rollout throughput: a multi-turn search rollout vs plain ``model.generate`` producing the same number of tokens.
+
+The rollout is ``LLMGenerationManager`` with the HF engine over the first ``--n`` shipped test questions against a
+running retriever; its tokens/s counts only model-generated tokens (mask 1) over the rollout's wall time, which
+includes every turn's prefill, the stop checks and the retriever calls. The limit is one batched HF
+``generate`` call on the same prompts, forced to produce the same number of tokens per sample (min = max new
+tokens) at the same temperature. Tokens generated after a stop string or EOS are counted independently from the
+engine's outputs by decoding each result's growing prefix (must be 0).
+
+    python bench/rollout_bench.py --retriever-url http://127.0.0.1:8000
+    python bench/rollout_bench.py --retriever-url URL --dump docs/trajectories.md   # also write readable rollouts
+
+Last line: ``rollout_bench ratio=<x> tokens_after_stop=<n>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from search_rl.agent.actions import STOP_STRINGS
+from search_rl.agent.generation_manager import LLMGenerationManager
+from search_rl.agent.prompts import encode_prompt
+from search_rl.agent.retriever_client import RetrieverClient
+from search_rl.config import RetrieverClientConfig, RolloutConfig
+from search_rl.datatypes import Generated, GroundTruth, RolloutResult, SamplingParams
+from search_rl.models import SMOLLM2, load_model, load_tokenizer
+from search_rl.reward import compute_reward
+from search_rl.rollout.hf import HFEngine
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "datasets" / "nq_hotpotqa_mini" / "test.parquet"
+
+
+class CountingEngine(HFEngine):
+    """HF engine that keeps every result, to count tokens after stops independently of the manager."""
+
+    results: list[Generated]
+
+    def generate(self, prompts, params, max_new_tokens=None):  # type: ignore[no-untyped-def]
+        out = super().generate(prompts, params, max_new_tokens)
+        self.results.extend(out)
+        return out
+
+
+def tokens_after_stop(tokenizer, results: list[Generated], eos: tuple[int, ...]) -> int:
+    """Tokens that follow the first completed stop string or EOS in each result."""
+    extra = 0
+    for g in results:
+        ids = list(g.token_ids)
+        for k in range(1, len(ids) + 1):
+            if ids[k - 1] in eos or any(s in tokenizer.decode(ids[:k]) for s in STOP_STRINGS):
+                extra += len(ids) - k
+                break
+    return extra
+
+
+def plain_generate(model, tokenizer, prompts: list[list[int]], new_tokens: int, temperature: float, seed: int) -> float:
+    """Seconds for one batched HF ``generate`` making exactly ``new_tokens`` per prompt."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts])
+    attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    torch.manual_seed(seed)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=attention,
+            do_sample=True,
+            temperature=temperature,
+            top_p=1.0,
+            top_k=0,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    elapsed = time.perf_counter() - start
+    assert out.shape[1] - width == new_tokens
+    return elapsed
+
+
+def dump(path: Path, tokenizer, rows: pd.DataFrame, result: RolloutResult, k: int) -> None:
+    """Write the first ``k`` trajectories as Markdown: question, gold, every segment with its mask, the reward."""
+    lines = []
+    for i, traj in enumerate(result.trajectories[:k]):
+        row = rows.iloc[i]
+        gold = tuple(row.reward_model["ground_truth"]["target"])
+        reward = compute_reward(traj, GroundTruth(gold, row.data_source))
+        lines += [
+            f"### {row.data_source}: {row.question}",
+            "",
+            f"gold: {list(gold)}; stop: {traj.stop_reason}; "
+            f"searches: {traj.num_searches}; answer: {traj.final_answer!r}; EM reward: {reward.score}",
+            "",
+        ]
+        for seg in traj.segments:
+            label = "model (mask 1)" if seg.kind == "model" else "observation (mask 0)"
+            lines += [f"{label}, {seg.end - seg.start} tokens:", "```text", seg.text.strip("\n"), "```"]
+        lines.append("")
+    path.write_text("\n".join(lines))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--retriever-url", required=True)
+    ap.add_argument("--model", default=SMOLLM2)
+    ap.add_argument("--n", type=int, default=32)
+    ap.add_argument("--max-turns", type=int, default=2)
+    ap.add_argument("--max-turn-tokens", type=int, default=64)
+    ap.add_argument("--max-response-tokens", type=int, default=400)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dump", type=Path, default=None, help="write the first --dump-k trajectories here (Markdown)")
+    ap.add_argument("--dump-k", type=int, default=4)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+
+    tokenizer, model = load_tokenizer(args.model), load_model(args.model)
+    rows = pd.read_parquet(DATA).head(args.n)
+    prompts = [encode_prompt(tokenizer, list(p)) for p in rows.prompt]
+    client = RetrieverClient(RetrieverClientConfig(url=args.retriever_url, topk=3))
+    client.check_reachable()
+    engine = CountingEngine(model, tokenizer)
+    engine.results = []
+    cfg = RolloutConfig(
+        max_turns=args.max_turns,
+        max_turn_tokens=args.max_turn_tokens,
+        max_obs_tokens=256,
+        max_response_tokens=args.max_response_tokens,
+        temperature=args.temperature,
+        on_retriever_error="raise",
+    )
+    manager = LLMGenerationManager(engine, tokenizer, client, cfg)
+    engine.generate(prompts[:2], SamplingParams(max_new_tokens=4, seed=0))  # warm-up, not timed
+    engine.results.clear()
+
+    start = time.perf_counter()
+    result = manager.generate(prompts, seed=args.seed)
+    rollout_s = time.perf_counter() - start
+    model_tokens = int(sum(int(t.response_mask.sum()) for t in result.trajectories))
+    per_sample = max(1, math.ceil(model_tokens / len(prompts)))
+    plain_s = plain_generate(model, tokenizer, prompts, per_sample, args.temperature, args.seed)
+
+    rollout_tps, plain_tps = model_tokens / rollout_s, per_sample * len(prompts) / plain_s
+    after = tokens_after_stop(tokenizer, engine.results, engine.eos_token_ids)
+    m = result.metrics
+    print(
+        f"samples={len(prompts)} model_tokens={model_tokens} turns_mean={m['rollout/turns_mean']:.2f} "
+        f"searches_mean={m['rollout/searches_mean']:.2f} answer_rate={m['rollout/answer_rate']:.2f}"
+    )
+    print(
+        f"rollout: {rollout_s:.1f}s {rollout_tps:.1f} tok/s (generate {m['timing/generate_s']:.1f}s, "
+        f"retrieve {m['timing/retrieve_s']:.2f}s, {len(engine.results)} engine results)"
+    )
+    print(f"plain generate: {per_sample} tokens x {len(prompts)} in {plain_s:.1f}s = {plain_tps:.1f} tok/s")
+    if args.dump is not None:
+        dump(args.dump, tokenizer, rows, result, args.dump_k)
+    print(f"rollout_bench ratio={rollout_tps / plain_tps:.3f} tokens_after_stop={after}")
+
+
+if __name__ == "__main__":
+    main()
