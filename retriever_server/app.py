@@ -112,7 +112,9 @@ async def _load(state: AppState) -> None:
         logger.exception("loading the %s index failed", s.method.value)
         state.error = f"{type(e).__name__}: {e}"
         return
-    batcher = QueryBatcher(retriever, s.batch_max_queries, s.batch_max_wait_ms / 1000, state.metrics)
+    batcher = QueryBatcher(
+        retriever, s.batch_max_queries, s.batch_max_wait_ms / 1000, state.metrics, s.batch_wait_fraction
+    )
     batcher.start()
     state.service = SearchService(corpus, batcher, s.method.value, s.cache_size, state.metrics)
     state.metrics.documents.set(len(corpus))

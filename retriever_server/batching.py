@@ -1,9 +1,14 @@
 """Coalesces concurrent searches into one encoder + index batch.
 
 During rollout the policy sends many small concurrent requests. Encoding 128 queries at once costs far less than
-128 single encodes, so requests wait (at most ``max_wait_s``, and only when nothing else is queued) for others to
-join a batch of at most ``max_queries``. The search itself runs on one worker thread, keeping the event loop free
-to accept and answer requests while a batch is computed.
+128 single encodes, so requests are gathered into batches of at most ``max_queries``. The search itself runs on
+one worker thread, keeping the event loop free to accept and answer requests while a batch is computed.
+
+How long a batch waits for company matters. Clients that just got their answers usually come straight back; a batch
+that starts with only the first of them splits the load into two alternating phases (a small batch, then the rest),
+which costs throughput and makes every request wait for both. So a batch waits until as many queries are queued
+as the previous batch served, but never longer than ``wait_fraction`` of the previous batch's search time nor
+``max_wait_s``: with steady clients it fills at once, and with fewer clients the wait is a bounded fraction of work.
 """
 
 from __future__ import annotations
@@ -32,11 +37,21 @@ class _Pending:
 class QueryBatcher:
     """Queue of pending searches drained by one background task."""
 
-    def __init__(self, retriever: Retriever, max_queries: int, max_wait_s: float, metrics: ServiceMetrics) -> None:
+    def __init__(
+        self,
+        retriever: Retriever,
+        max_queries: int,
+        max_wait_s: float,
+        metrics: ServiceMetrics,
+        wait_fraction: float = 0.1,
+    ) -> None:
         self.retriever = retriever
         self.max_queries = max_queries
         self.max_wait_s = max_wait_s
+        self.wait_fraction = wait_fraction
         self.metrics = metrics
+        self._last_size = 0  # queries in the previous batch: how many are likely to come back
+        self._last_search_s = 0.0
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retriever-search")
         self._task: asyncio.Task[None] | None = None
@@ -68,11 +83,12 @@ class QueryBatcher:
         else:
             batch = [await self._queue.get()]
         size = len(batch[0].queries)
-        deadline = time.perf_counter() + self.max_wait_s
+        target = min(max(self._last_size, 1), self.max_queries)
+        deadline = time.perf_counter() + min(self.max_wait_s, self.wait_fraction * self._last_search_s)
         while size < self.max_queries:
             if self._queue.empty():
                 remaining = deadline - time.perf_counter()
-                if remaining <= 0:
+                if remaining <= 0 or size >= target:
                     break
                 await asyncio.sleep(min(remaining, 0.0005))
                 continue
@@ -102,8 +118,9 @@ class QueryBatcher:
                     if not p.future.done():
                         p.future.set_exception(e)
                 continue
-            self.metrics.batch_size.observe(len(queries))
-            self.metrics.batch_latency.observe(time.perf_counter() - t0)
+            self._last_size, self._last_search_s = len(queries), time.perf_counter() - t0
+            self.metrics.batch_size.observe(self._last_size)
+            self.metrics.batch_latency.observe(self._last_search_s)
             start = 0
             for p in batch:
                 end = start + len(p.queries)

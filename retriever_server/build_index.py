@@ -59,7 +59,7 @@ def index_path(corpus: Corpus, method: Method, settings: Settings) -> Path:
 
 def _make_encoder(settings: Settings) -> Encoder:
     q, p = settings.resolved_prefixes()
-    return Encoder(settings.encoder_model, query_prefix=q, passage_prefix=p)
+    return Encoder(settings.encoder_model, query_prefix=q, passage_prefix=p, query_batch_size=settings.query_batch_size)
 
 
 def _encode_resumable(corpus: Corpus, encoder: Encoder, partial: Path, settings: Settings) -> np.ndarray:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import orjson
 from fastapi import APIRouter, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -36,7 +37,7 @@ def _check_limits(req: RetrieveRequest, state: StateDep) -> int:
 
 
 @router.post("/retrieve", response_model=RetrieveResponse)
-async def retrieve(req: RetrieveRequest, state: StateDep, service: ServiceDep) -> RetrieveResponse | JSONResponse:
+async def retrieve(req: RetrieveRequest, state: StateDep, service: ServiceDep) -> Response:
     """Top-k documents per query, in Search-R1's response shape."""
     topk = _check_limits(req, state)
     state.metrics.queries.inc(len(req.queries))
@@ -46,8 +47,9 @@ async def retrieve(req: RetrieveRequest, state: StateDep, service: ServiceDep) -
         result: list[list[dict]] = [[{"document": doc(p), "score": s} for p, s in row] for row in hits]
     else:
         result = [[doc(p) for p, _ in row] for row in hits]
-    # The dicts already have the response's exact shape; skip re-validating thousands of nested models.
-    return JSONResponse({"result": result})
+    # The dicts already have the response's exact shape: skip re-validating thousands of nested models and
+    # serialise with orjson (several times faster than json for these bodies).
+    return Response(orjson.dumps({"result": result}), media_type="application/json")
 
 
 @router.get("/health", response_model=Health, responses={503: {"model": Health}})

@@ -35,12 +35,15 @@ def resolve_encoder_path(model: str) -> str:
 class Encoder:
     """A sentence-transformers model producing float32, L2-normalised embeddings."""
 
-    def __init__(self, model: str, query_prefix: str = "", passage_prefix: str = "") -> None:
+    def __init__(
+        self, model: str, query_prefix: str = "", passage_prefix: str = "", query_batch_size: int = 32
+    ) -> None:
         from sentence_transformers import SentenceTransformer
 
         self.model_name = model
         self.query_prefix = query_prefix
         self.passage_prefix = passage_prefix
+        self.query_batch_size = query_batch_size
         self._model = SentenceTransformer(resolve_encoder_path(model), device="cpu")
         dim = self._model.get_embedding_dimension()
         if dim is None:
@@ -57,9 +60,10 @@ class Encoder:
         )
         return np.ascontiguousarray(emb, dtype=np.float32)
 
-    def encode_queries(self, queries: list[str], batch_size: int = 256) -> np.ndarray:
+    def encode_queries(self, queries: list[str], batch_size: int | None = None) -> np.ndarray:
         """Embed queries, shape (Q, dim)."""
-        return self._encode([self.query_prefix + q for q in queries], batch_size, progress=False)
+        texts = [self.query_prefix + q for q in queries]
+        return self._encode(texts, batch_size or self.query_batch_size, progress=False)
 
     def encode_passages(self, passages: list[str], batch_size: int = 128, progress: bool = False) -> np.ndarray:
         """Embed passages, shape (N, dim)."""
