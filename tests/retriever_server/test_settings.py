@@ -1,4 +1,6 @@
-"""Settings from the environment, and their documentation: ``python -m pytest tests/retriever_server/test_settings.py``."""
+"""Settings from the environment, and their documentation:
+``python -m pytest tests/retriever_server/test_settings.py``.
+"""
 
 from __future__ import annotations
 
