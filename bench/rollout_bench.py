@@ -60,7 +60,9 @@ def tokens_after_stop(tokenizer, results: list[Generated], eos: tuple[int, ...])
     return extra
 
 
-def plain_generate(model, tokenizer, prompts: list[list[int]], new_tokens: int, temperature: float, seed: int) -> float:
+def plain_generate(
+    model, tokenizer, prompts: list[list[int]], new_tokens: int, temperature: float, seed: int, greedy: bool
+) -> float:
     """Seconds for one batched HF ``generate`` making exactly ``new_tokens`` per prompt."""
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts])
@@ -71,10 +73,11 @@ def plain_generate(model, tokenizer, prompts: list[list[int]], new_tokens: int, 
         out = model.generate(
             input_ids=ids,
             attention_mask=attention,
-            do_sample=True,
-            temperature=temperature,
-            top_p=1.0,
-            top_k=0,
+            **(
+                {"do_sample": False}
+                if greedy
+                else {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0}
+            ),
             max_new_tokens=new_tokens,
             min_new_tokens=new_tokens,
             pad_token_id=tokenizer.pad_token_id,
@@ -85,14 +88,18 @@ def plain_generate(model, tokenizer, prompts: list[list[int]], new_tokens: int, 
 
 
 def dump(path: Path, tokenizer, rows: pd.DataFrame, result: RolloutResult, k: int) -> None:
-    """Write the first ``k`` trajectories as Markdown: question, gold, every segment with its mask, the reward."""
-    lines = []
-    for i, traj in enumerate(result.trajectories[:k]):
+    """Write ``k`` trajectories as Markdown (question, gold, every segment with its mask, the reward): those that
+    searched first, then those that answered, then the rest, each group in input order."""
+    trajs = result.trajectories
+    order = sorted(range(len(trajs)), key=lambda i: (-min(trajs[i].num_searches, 1), trajs[i].final_answer is None, i))
+    lines = [f"Selected samples (of {len(trajs)}, searched first, then answered): {sorted(order[:k])}", ""]
+    for i in order[:k]:
+        traj = trajs[i]
         row = rows.iloc[i]
         gold = tuple(row.reward_model["ground_truth"]["target"])
         reward = compute_reward(traj, GroundTruth(gold, row.data_source))
         lines += [
-            f"### {row.data_source}: {row.question}",
+            f"### sample {i}, {row.data_source}: {row.question}",
             "",
             f"gold: {list(gold)}; stop: {traj.stop_reason}; "
             f"searches: {traj.num_searches}; answer: {traj.final_answer!r}; EM reward: {reward.score}",
@@ -115,6 +122,7 @@ def main() -> None:
     ap.add_argument("--max-response-tokens", type=int, default=400)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--greedy", action="store_true", help="argmax decoding in both the rollout and the baseline")
     ap.add_argument("--dump", type=Path, default=None, help="write the first --dump-k trajectories here (Markdown)")
     ap.add_argument("--dump-k", type=int, default=4)
     args = ap.parse_args()
@@ -140,11 +148,11 @@ def main() -> None:
     engine.results.clear()
 
     start = time.perf_counter()
-    result = manager.generate(prompts, seed=args.seed)
+    result = manager.generate(prompts, seed=args.seed, greedy=args.greedy)
     rollout_s = time.perf_counter() - start
     model_tokens = int(sum(int(t.response_mask.sum()) for t in result.trajectories))
     per_sample = max(1, math.ceil(model_tokens / len(prompts)))
-    plain_s = plain_generate(model, tokenizer, prompts, per_sample, args.temperature, args.seed)
+    plain_s = plain_generate(model, tokenizer, prompts, per_sample, args.temperature, args.seed, args.greedy)
 
     rollout_tps, plain_tps = model_tokens / rollout_s, per_sample * len(prompts) / plain_s
     after = tokens_after_stop(tokenizer, engine.results, engine.eos_token_ids)

@@ -147,6 +147,9 @@ class HFEngineConfig:
     """Most sequences decoded together; larger calls are processed in consecutive micro-batches."""
     max_model_len: int | None = None
     """Context length; None = the model's ``max_position_embeddings``."""
+    prefix_cache: bool = True
+    """Reuse the key/value states of the previous call's sequences (the next turn's prompt starts with them),
+    so a turn encodes only its new tokens; costs memory for one call's KV states."""
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:

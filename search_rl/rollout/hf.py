@@ -17,6 +17,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from search_rl.config import HFEngineConfig
 from search_rl.datatypes import FinishReason, Generated, SamplingParams
 from search_rl.rollout.base import check_generate_args
+from search_rl.rollout.prefix_cache import KV, PrefixStore
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ class HFEngine:
         self.cfg = cfg or HFEngineConfig()
         self.logits_processor = logits_processor
         self._version = 0
+        self.prefix = PrefixStore()
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         ids = set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id}
         self._eos = tuple(sorted(i for i in ids if i is not None))
@@ -91,6 +93,7 @@ class HFEngine:
                 own[name].copy_(tensor)
                 n += 1
         self._version = version
+        self.prefix.clear()  # stored KV states were computed with the old weights
         logger.debug("HFEngine loaded %d tensors, weight version %d", n, version)
 
     def generate(
@@ -117,6 +120,7 @@ class HFEngine:
                     out[i] = r
         finally:
             self.model.train(was_training)
+            self.prefix.rotate()
         return [r for r in out if r is not None]
 
     @torch.inference_mode()
@@ -124,17 +128,8 @@ class HFEngine:
         self, prompts: list[list[int]], limits: list[int], params: SamplingParams, gen: torch.Generator | None
     ) -> list[Generated]:
         device = self.model.device
-        n, width = len(prompts), max(len(p) for p in prompts)
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self._eos[0]
-        input_ids = torch.full((n, width), pad, dtype=torch.long, device=device)  # (R, L) left-padded
-        attention = torch.zeros((n, width), dtype=torch.long, device=device)  # (R, L)
-        for i, p in enumerate(prompts):
-            input_ids[i, width - len(p) :] = torch.tensor(p, device=device)
-            attention[i, width - len(p) :] = 1
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)  # (R, L)
-        cache = DynamicCache(config=self.model.config)
-        logits = self._forward(input_ids, attention, positions, cache)  # (R, V)
-        last_pos = positions[:, -1]  # (R,)
+        n = len(prompts)
+        logits, attention, last_pos, cache = self._prefill(prompts)
 
         active = list(range(n))  # rows of the current batch tensors -> sample index
         tokens: list[list[int]] = [[] for _ in range(n)]
@@ -161,6 +156,8 @@ class HFEngine:
                     continue
                 lp = tuple(logps[i]) if params.logprobs else None
                 results[i] = Generated(tuple(tokens[i]), reason, stop_str, lp)
+                if self.cfg.prefix_cache:
+                    self._store_prefix(prompts[i] + tokens[i][:-1], cache, attention, row)
             if not keep:
                 break
             if len(keep) < len(active):
@@ -172,6 +169,52 @@ class HFEngine:
             last_pos = last_pos + 1
             logits = self._forward(next_tok[:, None], attention, last_pos[:, None], cache)
         return [r for r in results if r is not None]
+
+    def _prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache]:
+        """Encode the prompts, reusing stored prefixes; return (logits (R, V), attention, last positions, cache).
+
+        Row layout, columns = cache positions: ``[pad][reused prefix (c_i)][pad][new suffix (s_i)]``, padding
+        masked out of attention and positions counted over real tokens only, so every row sees exactly its prompt.
+        """
+        device = self.model.device
+        found = [self.prefix.lookup(p) if self.cfg.prefix_cache else (0, None) for p in prompts]
+        reused = [c for c, _ in found]
+        suffixes = [p[c:] for p, c in zip(prompts, reused, strict=True)]
+        n, c_max, s_max = len(prompts), max(reused), max(len(s) for s in suffixes)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self._eos[0]
+        input_ids = torch.full((n, s_max), pad, dtype=torch.long, device=device)  # (R, S)
+        positions = torch.zeros((n, s_max), dtype=torch.long, device=device)  # (R, S)
+        attention = torch.zeros((n, c_max + s_max), dtype=torch.long, device=device)  # (R, C+S)
+        for i, (c, suffix) in enumerate(zip(reused, suffixes, strict=True)):
+            input_ids[i, s_max - len(suffix) :] = torch.tensor(suffix, device=device)
+            positions[i, s_max - len(suffix) :] = torch.arange(c, c + len(suffix), device=device)
+            attention[i, c_max - c : c_max] = 1
+            attention[i, c_max + s_max - len(suffix) :] = 1
+        cache = DynamicCache(config=self.model.config)
+        if c_max > 0:
+            self._fill_cache(cache, found, c_max)
+        logits = self._forward(input_ids, attention, positions, cache)
+        return logits, attention, positions[:, -1], cache
+
+    @staticmethod
+    def _fill_cache(cache: DynamicCache, found: list[tuple[int, KV | None]], c_max: int) -> None:
+        """Put each row's reused KV states right-aligned in a (R, kv_heads, C, head_dim) block per layer."""
+        ref = next(kv for _, kv in found if kv is not None)
+        for layer, (ref_k, ref_v) in enumerate(ref):
+            keys = ref_k.new_zeros((len(found), ref_k.shape[0], c_max, ref_k.shape[2]))
+            values = ref_v.new_zeros((len(found), ref_v.shape[0], c_max, ref_v.shape[2]))
+            for i, (c, kv) in enumerate(found):
+                if kv is not None:
+                    keys[i, :, c_max - c :] = kv[layer][0]
+                    values[i, :, c_max - c :] = kv[layer][1]
+            cache.update(keys, values, layer)
+
+    def _store_prefix(self, fed: list[int], cache: DynamicCache, attention: torch.Tensor, row: int) -> None:
+        """Keep a finished row's KV states (its real, non-padding columns) for the next call."""
+        keep = attention[row].bool()
+        assert int(keep.sum()) == len(fed), "KV columns and fed tokens must match"
+        kv = [(layer.keys[row][:, keep], layer.values[row][:, keep]) for layer in cache.layers]
+        self.prefix.add(fed, kv)
 
     def _forward(
         self, input_ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, cache: DynamicCache

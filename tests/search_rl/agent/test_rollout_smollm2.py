@@ -39,7 +39,7 @@ def test_smollm2_rollout_is_token_exact(tokenizer, retriever_url, recording):
     rows = _rows(4)
     prompts = [encode_prompt(tokenizer, list(p)) for p in rows.prompt]
     engine = recording(HFEngine(load_model(), tokenizer))
-    cfg = RolloutConfig(max_turns=2, max_turn_tokens=64, max_obs_tokens=160, max_response_tokens=400, temperature=1.0)
+    cfg = RolloutConfig(max_turns=2, max_turn_tokens=48, max_obs_tokens=160, max_response_tokens=320, temperature=1.0)
     client = RetrieverClient(RetrieverClientConfig(url=retriever_url, topk=2))
     result = LLMGenerationManager(engine, tokenizer, client, cfg).generate(prompts, seed=1)
 

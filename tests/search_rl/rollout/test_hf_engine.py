@@ -142,3 +142,37 @@ def test_update_weights_changes_outputs_and_version(tokenizer):
         engine.update_weights([("nope", torch.zeros(1))], version=4)
     with pytest.raises(ValueError, match="shape"):
         engine.update_weights([("model.norm.weight", torch.zeros(3))], version=4)
+
+
+def test_prefix_cache_reuses_the_previous_turn_exactly(tiny_model, tokenizer):
+    """Turn 2 = turn 1's sequence + inserted tokens: only the new tokens are encoded, and results are unchanged."""
+    prompts = _ids(tokenizer, PROMPTS)
+    cached = HFEngine(tiny_model, tokenizer)
+    fresh = HFEngine(tiny_model, tokenizer, HFEngineConfig(prefix_cache=False))
+    params = SamplingParams(max_new_tokens=6, greedy=True)
+    first = cached.generate(prompts, params)
+    inserted = tokenizer.encode("\n\n<information>Doc 1(Title: X) inserted text</information>\n\n")
+    second = [p + list(g.token_ids) + inserted for p, g in zip(prompts, first, strict=True)]
+    second[1] = second[1][:-3]  # a prompt that stops inside the inserted text still reuses the shared prefix
+    a = cached.generate(second, params)
+    b = fresh.generate(second, params)
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    for ga, gb in zip(a, b, strict=True):
+        assert torch.allclose(torch.tensor(ga.logprobs), torch.tensor(gb.logprobs), atol=1e-4)
+    # each sample reused its whole previous sequence except the last sampled token (never fed to the model)
+    assert cached.prefix.stats.hits == 3
+    assert cached.prefix.stats.reused_tokens == sum(len(p) + 6 - 1 for p in prompts)
+    assert fresh.prefix.stats.hits == 0
+    for prompt, g in zip(second, a, strict=True):  # and they agree with a plain forward pass
+        logits = _full_forward_logits(tiny_model, prompt + list(g.token_ids))[len(prompt) - 1 : -1]
+        chosen = logits.gather(-1, torch.tensor(g.token_ids)[:, None])[:, 0]
+        assert torch.all(chosen >= logits.max(-1).values - 1e-4)
+
+
+def test_prefix_cache_is_dropped_when_weights_change(tokenizer):
+    engine = HFEngine(build_tiny_model(tokenizer, seed=0), tokenizer)
+    prompts = _ids(tokenizer, PROMPTS[:1])
+    g = engine.generate(prompts, SamplingParams(max_new_tokens=4, greedy=True))[0]
+    engine.update_weights(build_tiny_model(tokenizer, seed=5).named_parameters(), version=1)
+    engine.generate([prompts[0] + list(g.token_ids) + [28]], SamplingParams(max_new_tokens=2, greedy=True))
+    assert engine.prefix.stats.hits == 0

@@ -1,0 +1,63 @@
+"""Reuse of key/value states across engine calls: the next turn's prompt starts with the last turn's sequence.
+
+A multi-turn rollout calls the engine once per turn with ``prompt + response so far``; without reuse, every turn
+re-encodes the whole context (for SmolLM2 on CPU, most of a rollout's time). The HF engine stores each finished
+sample's KV states (one (kv_heads, n, head_dim) pair per layer, ``n`` = tokens fed to the model) keyed by those
+tokens; the next call looks up the longest stored key that prefixes a new prompt and only encodes the rest.
+
+KV states at position ``t`` depend only on tokens ``<= t`` (causal attention), so any prefix of a stored entry is
+valid for a prompt that shares that prefix. Entries live for one call (the next turn), and ``clear`` must be
+called when the weights change (``HFEngine.update_weights`` does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]
+"""Per layer: (keys, values), each (kv_heads, n, head_dim)."""
+
+
+@dataclass
+class PrefixStats:
+    """Counters for logs and tests: prompts that reused a prefix, and tokens not re-encoded thanks to it."""
+
+    hits: int = 0
+    reused_tokens: int = 0
+
+
+class PrefixStore:
+    """Finished samples' KV states of the previous call, searchable by token prefix."""
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[tuple[int, ...], KV]] = []
+        self._next: list[tuple[tuple[int, ...], KV]] = []
+        self.stats = PrefixStats()
+
+    def lookup(self, prompt: Sequence[int]) -> tuple[int, KV | None]:
+        """(tokens reusable, their KV) for ``prompt``; at least one prompt token is always left to encode."""
+        best_len, best_kv = 0, None
+        for key, kv in self._entries:
+            n = min(len(key), len(prompt) - 1)
+            if n > best_len and tuple(prompt[:n]) == key[:n]:
+                best_len, best_kv = n, kv
+        if best_kv is None:
+            return 0, None
+        self.stats.hits += 1
+        self.stats.reused_tokens += best_len
+        return best_len, [(k[:, :best_len], v[:, :best_len]) for k, v in best_kv]
+
+    def add(self, tokens: Sequence[int], kv: KV) -> None:
+        """Keep ``kv`` (states of exactly ``tokens``) for the next call."""
+        self._next.append((tuple(tokens), kv))
+
+    def rotate(self) -> None:
+        """End of a call: the entries added during it become the searchable ones."""
+        self._entries, self._next = self._next, []
+
+    def clear(self) -> None:
+        """Forget everything (weights changed)."""
+        self._entries, self._next = [], []
