@@ -1,0 +1,222 @@
+"""Train with PPO or GRPO: ``python -m search_rl.main_ppo [group=option] [key=value ...]`` (Hydra).
+
+    python -m search_rl.main_ppo do_search=true max_turns=4                   # PPO on SmolLM2-135M, the defaults
+    python -m search_rl.main_ppo algorithm=grpo                               # GRPO (4 samples per prompt)
+    python -m search_rl.main_ppo model=tiny trainer.total_training_steps=1    # one-minute smoke run
+    python -m search_rl.main_ppo --cfg job                                    # print the composed config
+
+The only module that knows every concrete class. Order of work: compose and type-check the config (Hydra), then
+``prepare``: everything that can fail without Ray (cross-field checks against the model's context length, the
+retriever's ``/health``, the data files and prompt lengths, metric sinks) — a failure there exits with code 2 and
+one clear message. Only then ``train`` starts Ray, the worker groups and the ``PPOTrainer``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+from transformers import AutoConfig, PreTrainedTokenizerBase
+
+from search_rl.agent.retriever_client import RetrieverClient, RetrieverError
+from search_rl.checkpoint import CheckpointManager
+from search_rl.data import PromptDataset, PromptLoader, read_rows
+from search_rl.models import SMOLLM2, load_tokenizer
+from search_rl.models.loading import gguf_model_dir, smollm2_gguf_path
+from search_rl.models.tiny import tiny_llama_config
+from search_rl.protocol import PromptBatch
+from search_rl.tracking import RolloutDumper, Tracker, build_tracker
+from search_rl.train_config import CONFIG_DIR, ConfigError, PPOConfig, register_configs, to_config
+from search_rl.trainer import PPOTrainer, StepSettings, Workers
+from search_rl.workers import LocalWorkerGroup, WorkerGroup, WorkerSpec
+from search_rl.workers.actor_rollout_ref import ActorRolloutRefWorker
+from search_rl.workers.critic import CriticWorker
+
+logger = logging.getLogger("search_rl.main_ppo")
+
+PREPARE_ERRORS = (ConfigError, ValueError, RetrieverError, FileNotFoundError, ImportError)
+"""What ``prepare`` may raise about the user's setup; reported as one line and exit code 2."""
+
+
+def model_context_length(source: str, tokenizer: PreTrainedTokenizerBase) -> int:
+    """The model's ``max_position_embeddings`` without loading its weights (GGUF sources are converted once)."""
+    if source == "tiny":
+        return int(tiny_llama_config(tokenizer).max_position_embeddings)
+    if source == SMOLLM2 or source.endswith(".gguf"):
+        directory = gguf_model_dir(smollm2_gguf_path() if source == SMOLLM2 else Path(source).expanduser())
+    else:
+        directory = Path(source).expanduser()
+    return int(AutoConfig.from_pretrained(directory, local_files_only=True).max_position_embeddings)
+
+
+@dataclass
+class Prepared:
+    """What ``prepare`` checked and built before Ray starts."""
+
+    tokenizer: PreTrainedTokenizerBase
+    train_loader: PromptLoader
+    val_batch: PromptBatch | None
+    tracker: Tracker
+
+
+def prepare(cfg: PPOConfig, config_dict: dict[str, Any] | None = None) -> Prepared:
+    """Check everything that can be checked without Ray, and load the data.
+
+    Raises:
+        ConfigError: impossible budgets or batch sizes. RetrieverError: the retriever is not reachable.
+        FileNotFoundError / ValueError: missing or malformed data files, a model that cannot be found.
+        ImportError: a requested metric sink is not installed.
+    """
+    rollout = cfg.actor_rollout_ref.rollout
+    tokenizer = load_tokenizer(cfg.model.path)
+    cfg.validate(rollout.hf.max_model_len or model_context_length(cfg.model.path, tokenizer))
+    if rollout.do_search and rollout.max_turns > 0:
+        RetrieverClient(cfg.retriever).check_reachable()
+    train = PromptDataset(
+        read_rows(cfg.data.train_files), tokenizer, rollout.max_prompt_tokens, cfg.data.filter_overlong_prompts
+    )
+    loader = PromptLoader(train, cfg.data.train_batch_size, cfg.n_samples, cfg.data.shuffle, cfg.trainer.seed)
+    val_batch = None
+    if cfg.data.val_files and cfg.trainer.test_freq > 0:
+        val = PromptDataset(
+            read_rows(cfg.data.val_files), tokenizer, rollout.max_prompt_tokens, cfg.data.filter_overlong_prompts
+        )
+        val_batch = val.batch(val.subset_indices(cfg.data.val_max_samples, cfg.trainer.seed))
+    t = cfg.trainer
+    tracker = build_tracker(
+        t.logger,
+        Path(t.default_local_dir),
+        t.total_training_steps,
+        t.project_name,
+        t.experiment_name,
+        config_dict or {},
+    )
+    return Prepared(tokenizer, loader, val_batch, tracker)
+
+
+def resolve_device(requested: str) -> str:
+    """``auto`` → ``cuda`` when the Ray cluster has GPUs, else ``cpu``."""
+    if requested != "auto":
+        return requested
+    import ray
+
+    return "cuda" if ray.cluster_resources().get("GPU", 0) >= 1 else "cpu"
+
+
+def build_workers(cfg: PPOConfig, device: str, local: bool = False) -> tuple[Workers, Workers | None]:
+    """The actor (+ rollout + reference) group and, when the estimator needs one, the critic group.
+
+    ``local=True`` builds one in-process worker each (no Ray; ``trainer.n_workers`` must be 1).
+    """
+    t = cfg.trainer
+    # Every worker process gets its share of the cores: oversubscribed OpenMP threads spin and can slow torch 50x.
+    n_groups = 2 if cfg.use_critic else 1
+    threads = t.torch_threads_per_worker or max(1, (os.cpu_count() or 1) // (t.n_workers * n_groups))
+    specs = [
+        WorkerSpec(rank=r, world_size=t.n_workers, device=device, torch_threads=threads, seed=t.seed)
+        for r in range(t.n_workers)
+    ]
+    arr = cfg.actor_rollout_ref
+    actor_kwargs = dict(
+        model=cfg.model,
+        actor=arr.actor,
+        rollout=arr.rollout,
+        ref=arr.ref if cfg.use_reference else None,
+        algorithm=cfg.algorithm,
+        retriever=cfg.retriever,
+    )
+    critic_kwargs = dict(model=cfg.model, critic=cfg.critic, algorithm=cfg.algorithm, n_samples=cfg.n_samples)
+    groups: list[Any] = []
+    if local:
+        groups.append(LocalWorkerGroup(ActorRolloutRefWorker, specs[0], **actor_kwargs))
+        if cfg.use_critic:
+            groups.append(LocalWorkerGroup(CriticWorker, specs[0], **critic_kwargs))
+    else:
+        ray_args = dict(
+            num_cpus=t.cpus_per_worker, num_gpus=1.0 if device == "cuda" else 0.0, timeout_s=t.worker_timeout_s
+        )
+        groups.append(WorkerGroup(ActorRolloutRefWorker, specs, name="actor", **ray_args, **actor_kwargs))
+        if cfg.use_critic:
+            groups.append(WorkerGroup(CriticWorker, specs, name="critic", **ray_args, **critic_kwargs))
+    for group in groups:  # constructors of both groups have been running concurrently; now rendezvous
+        group.start()
+    return groups[0], (groups[1] if cfg.use_critic else None)
+
+
+def build_trainer(cfg: PPOConfig, prepared: Prepared, actor: Workers, critic: Workers | None) -> PPOTrainer:
+    """The loop with its collaborators."""
+    run_dir = Path(cfg.trainer.default_local_dir)
+    tokenizer = prepared.tokenizer
+    settings = StepSettings(
+        pad_token_id=int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id),
+        response_width=cfg.actor_rollout_ref.rollout.max_response_tokens,
+        use_reference=cfg.use_reference,
+        greedy_baseline=cfg.needs_greedy_baseline,
+        reward=cfg.reward,
+    )
+    return PPOTrainer(
+        cfg.trainer,
+        cfg.algorithm,
+        settings,
+        actor=actor,
+        critic=critic,
+        train_data=prepared.train_loader,
+        val_data=prepared.val_batch,
+        tracker=prepared.tracker,
+        checkpoints=CheckpointManager(run_dir, cfg.trainer.max_ckpt_to_keep),
+        dumper=RolloutDumper(run_dir / "rollouts", tokenizer) if cfg.trainer.dump_rollouts else None,
+    )
+
+
+def train(cfg: PPOConfig, prepared: Prepared) -> list[tuple[int, dict[str, float]]]:
+    """Start Ray (unless already running), the workers and the loop; return the metric history."""
+    import ray
+
+    started = False
+    if not ray.is_initialized():
+        ray.init(
+            address=cfg.trainer.ray_address,
+            include_dashboard=False,
+            runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}},
+        )
+        started = True
+    actor = critic = None
+    try:
+        actor, critic = build_workers(cfg, resolve_device(cfg.trainer.device))
+        return build_trainer(cfg, prepared, actor, critic).fit()
+    finally:
+        prepared.tracker.close()
+        for group in (actor, critic):
+            if isinstance(group, WorkerGroup):
+                group.shutdown()
+        if started:
+            ray.shutdown()
+
+
+def run(cfg: PPOConfig, config_dict: dict[str, Any] | None = None) -> list[tuple[int, dict[str, float]]]:
+    """``prepare`` then ``train`` (the programmatic entry: tests, benchmarks, demos)."""
+    return train(cfg, prepare(cfg, config_dict))
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="ppo_trainer", version_base=None)
+def main(composed: DictConfig) -> None:
+    try:
+        cfg = to_config(composed)
+        prepared = prepare(cfg, OmegaConf.to_container(composed, resolve=True))  # type: ignore[arg-type]
+    except PREPARE_ERRORS as e:
+        logger.error("cannot start training: %s", e)
+        sys.exit(2)
+    history = train(cfg, prepared)
+    logger.info("done: %d steps logged; checkpoints and metrics in %s", len(history), cfg.trainer.default_local_dir)
+
+
+register_configs()
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,260 @@
+"""The batch containers moved between the driver and the workers: prompts going out, training batches coming back.
+
+Both are frozen dataclasses with named, typed fields (no string-keyed dicts). A field is one of three kinds:
+
+- a tensor whose first dimension is the batch (``B``);
+- a per-sample tuple (strings, ints, token-id tuples): the non-tensor fields;
+- ``meta``: one ``BatchMeta`` for the whole batch (step, weight version), carried along unchanged.
+
+``BatchOps`` gives both the verbs the trainer needs, generically over those kinds: ``select`` (indices or a boolean
+mask), ``split`` (near-equal shards, for ``WorkerGroup.map_shards``), ``split_by_size`` (mini/micro-batches),
+``concat``, ``repeat_interleave`` (``n`` samples per prompt, adjacent, so GRPO groups stay contiguous) and ``union``
+(fill the fields a later phase computed, such as ``old_logprobs`` or ``values``). Optional tensor fields are
+``None`` until the phase that computes them; ``__post_init__`` checks that every set field has the same batch
+length (verl's ``check_consistency``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Self
+
+import torch
+
+from search_rl.datatypes import RolloutBatch
+
+Index = torch.Tensor | Sequence[int]
+
+
+@dataclass(frozen=True)
+class BatchMeta:
+    """Batch-wide values carried with a batch (not indexed by sample)."""
+
+    step: int = 0
+    """Training step the batch belongs to (0 = validation before training)."""
+    weight_version: int = 0
+    """Version of the policy weights that generated the batch."""
+
+
+def _as_index(index: Index, size: int) -> torch.Tensor:
+    idx = torch.as_tensor(index)
+    if idx.dtype == torch.bool:
+        if idx.shape != (size,):
+            raise ValueError(f"boolean index of shape {tuple(idx.shape)} for a batch of {size}")
+        idx = idx.nonzero().flatten()
+    return idx.long()
+
+
+def _take(value: Any, idx: torch.Tensor) -> Any:
+    if value is None or isinstance(value, BatchMeta):
+        return value
+    if isinstance(value, torch.Tensor):
+        return value[idx]
+    return tuple(value[i] for i in idx.tolist())
+
+
+def _cat(values: list[Any], name: str) -> Any:
+    first = values[0]
+    if isinstance(first, BatchMeta):
+        return first
+    if any((v is None) != (first is None) for v in values):
+        raise ValueError(f"concat: field {name!r} is set in some batches and None in others")
+    if first is None:
+        return None
+    if isinstance(first, torch.Tensor):
+        widths = {tuple(v.shape[1:]) for v in values}
+        if len(widths) > 1:
+            raise ValueError(f"concat: field {name!r} has different widths {sorted(widths)}; pad them first")
+        return torch.cat(values)
+    return tuple(x for v in values for x in v)
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and bool(torch.equal(a, b))
+    return bool(a == b)
+
+
+class BatchOps:
+    """Batch verbs shared by the dataclasses below (they only need their fields to follow the three kinds)."""
+
+    def _batch_fields(self) -> list[tuple[str, Any]]:
+        return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]  # type: ignore[arg-type]
+
+    def _check_sizes(self) -> None:
+        sizes = {
+            name: (v.shape[0] if isinstance(v, torch.Tensor) else len(v))
+            for name, v in self._batch_fields()
+            if v is not None and not isinstance(v, BatchMeta)
+        }
+        if len(set(sizes.values())) > 1:
+            raise ValueError(f"{type(self).__name__} fields disagree on batch size: {sizes}")
+
+    def __len__(self) -> int:
+        for _, v in self._batch_fields():
+            if v is not None and not isinstance(v, BatchMeta):
+                return int(v.shape[0]) if isinstance(v, torch.Tensor) else len(v)
+        return 0
+
+    def select(self, index: Index) -> Self:
+        """Rows ``index`` (indices or a boolean mask) of every per-sample field."""
+        idx = _as_index(index, len(self))
+        return type(self)(**{name: _take(v, idx) for name, v in self._batch_fields()})
+
+    def split(self, n: int) -> list[Self]:
+        """``min(n, len)`` consecutive parts whose sizes differ by at most one (shards for ``n`` workers)."""
+        size = len(self)
+        n = max(1, min(n, size))
+        bounds = [size * i // n for i in range(n + 1)]
+        return [self.select(torch.arange(bounds[i], bounds[i + 1])) for i in range(n)]
+
+    def split_by_size(self, size: int) -> list[Self]:
+        """Consecutive parts of ``size`` samples (the last one may be shorter): mini- and micro-batches."""
+        if size < 1:
+            raise ValueError(f"split_by_size needs size >= 1, got {size}")
+        return [self.select(torch.arange(i, min(i + size, len(self)))) for i in range(0, len(self), size)]
+
+    @classmethod
+    def concat(cls, batches: Sequence[Self]) -> Self:
+        """Stack batches along the batch dimension (tensor widths must match; ``meta`` of the first is kept)."""
+        if not batches:
+            raise ValueError(f"{cls.__name__}.concat: no batches")
+        names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+        return cls(**{n: _cat([getattr(b, n) for b in batches], n) for n in names})
+
+    def repeat_interleave(self, n: int) -> Self:
+        """Each sample ``n`` times in a row: ``[a, b] -> [a, a, b, b]`` for ``n = 2`` (GRPO groups stay adjacent)."""
+        if n < 1:
+            raise ValueError(f"repeat_interleave needs n >= 1, got {n}")
+        return self.select(torch.arange(len(self)).repeat_interleave(n))
+
+    def union(self, other: Self) -> Self:
+        """Fields set in either batch; a field set in both must be equal (a mismatch is a bug upstream).
+
+        Raises:
+            ValueError: the batches differ in length, or a field set in both differs.
+        """
+        if len(self) != len(other):
+            raise ValueError(f"union of batches of {len(self)} and {len(other)} samples")
+        merged = {}
+        for name, mine in self._batch_fields():
+            theirs = getattr(other, name)
+            if mine is not None and theirs is not None and not _equal(mine, theirs):
+                raise ValueError(f"union: field {name!r} is set in both batches with different values")
+            merged[name] = mine if mine is not None else theirs
+        return type(self)(**merged)
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with some fields replaced (sizes are checked again)."""
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+
+@dataclass(frozen=True)
+class PromptBatch(BatchOps):
+    """Prompts of one step (or of a validation set), already tokenized, one entry per sample.
+
+    After ``repeat_interleave(n)`` a prompt appears ``n`` times in a row; its samples share ``uids[i]``, the
+    row's globally unique id (``extra_info.id``), which keys the GRPO group.
+
+    Fields:
+        prompt_ids: (B,) tuples of prompt token ids (the chat template applied, no padding).
+        uids: (B,) globally unique row ids; equal for the samples of one prompt.
+        data_sources: (B,) the rows' ``data_source`` (selects the reward function; metrics are split by it).
+        targets: (B,) tuples of gold answers.
+        questions: (B,) the bare questions (for dumps and baselines).
+        row_indices: (B,) position of the row in its dataset (for dumps).
+    """
+
+    prompt_ids: tuple[tuple[int, ...], ...]
+    uids: tuple[str, ...]
+    data_sources: tuple[str, ...]
+    targets: tuple[tuple[str, ...], ...]
+    questions: tuple[str, ...]
+    row_indices: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        self._check_sizes()
+
+
+@dataclass(frozen=True)
+class TrainBatch(BatchOps):
+    """Collated trajectories plus everything the update phases add, as padded tensors.
+
+    Prompts are left-padded to ``P``, responses right-padded to ``T`` (``RolloutBatch.from_trajectories``).
+    Optional fields are ``None`` until the phase that fills them.
+
+    Fields:
+        input_ids: (B, P+T) prompt then response token ids.
+        attention_mask: (B, P+T) 1 on real tokens, 0 on padding.
+        position_ids: (B, P+T) positions of real tokens.
+        response_ids: (B, T) the response slice of ``input_ids``.
+        response_mask: (B, T) 1 = sampled from the policy, 0 = inserted observation or padding.
+        rollout_logprobs: (B, T) the engine's sampling log-probs (0 where ``response_mask`` is 0).
+        uids: (B,) group keys (globally unique prompt ids).
+        data_sources: (B,) the rows' data sources.
+        loss_mask: (B, T) tokens every loss, KL, entropy and advantage uses (``algorithms.loss_mask_for``).
+        token_level_scores: (B, T) task reward, on the last model token of each response.
+        token_level_rewards: (B, T) scores after the KL-in-reward penalty (= scores when it is off).
+        old_logprobs: (B, T) log-probs under the policy that sampled (recomputed by the actor).
+        ref_logprobs: (B, T) log-probs under the reference policy.
+        values: (B, T) critic values (``gae`` only).
+        advantages: (B, T) advantages, 0 outside ``loss_mask``.
+        returns: (B, T) critic targets / reward-to-go.
+        meta: step and weight version.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    rollout_logprobs: torch.Tensor
+    uids: tuple[str, ...]
+    data_sources: tuple[str, ...]
+    loss_mask: torch.Tensor | None = None
+    token_level_scores: torch.Tensor | None = None
+    token_level_rewards: torch.Tensor | None = None
+    old_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+    meta: BatchMeta = BatchMeta()
+
+    def __post_init__(self) -> None:
+        self._check_sizes()
+
+    @property
+    def prompt_length(self) -> int:
+        """P, the padded prompt width."""
+        return int(self.input_ids.shape[1] - self.response_ids.shape[1])
+
+    @property
+    def response_attention_mask(self) -> torch.Tensor:
+        """(B, T) 1 on every real response token (model or observation), 0 on padding."""
+        return self.attention_mask[:, self.prompt_length :]
+
+    def require(self, *names: str) -> None:
+        """Raise if any named optional field is still None (a phase ran out of order)."""
+        missing = [n for n in names if getattr(self, n) is None]
+        if missing:
+            raise ValueError(f"TrainBatch is missing {missing}; the phase that fills them has not run")
+
+    @staticmethod
+    def from_rollout(
+        rollout: RolloutBatch, uids: Sequence[str], data_sources: Sequence[str], meta: BatchMeta
+    ) -> TrainBatch:
+        """Wrap a collated ``RolloutBatch`` with its samples' group keys and data sources."""
+        return TrainBatch(
+            input_ids=rollout.input_ids,
+            attention_mask=rollout.attention_mask,
+            position_ids=rollout.position_ids,
+            response_ids=rollout.response_ids,
+            response_mask=rollout.response_mask,
+            rollout_logprobs=rollout.rollout_logprobs,
+            uids=tuple(uids),
+            data_sources=tuple(data_sources),
+            meta=meta,
+        )

@@ -1,0 +1,311 @@
+"""``PPOTrainer``: the single-controller training loop (PPO with a critic, GRPO and the other critic-free estimators).
+
+The driver owns the data and the loop; the worker groups own the models. One step::
+
+    prompts ─► rollout (search) ─► reward ─► old log-probs ─► ref log-probs ─► values ─► advantages
+            ─► critic update ─► actor update ─► weight sync (versioned) ─► dump, validate, checkpoint, log
+
+Everything the loop needs is injected (``main_ppo.build_trainer`` constructs it), so tests can hand it local
+workers. Randomness is derived from ``(trainer.seed, step)``: sampling seeds, shuffles and the data order, so a run
+resumed from a checkpoint reproduces the uninterrupted run's next steps on CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from search_rl.algorithms import AlgorithmConfig, build_kl_controller
+from search_rl.algorithms.masked import masked_mean
+from search_rl.checkpoint import TRAINER_STATE, CheckpointManager
+from search_rl.data import PromptLoader
+from search_rl.datatypes import RewardResult, RolloutResult, Trajectory
+from search_rl.protocol import BatchMeta, PromptBatch, TrainBatch
+from search_rl.scoring import answer_metrics, reward_metrics, score_trajectories
+from search_rl.steps import (
+    build_train_batch,
+    compute_advantages,
+    merge_rollout_metrics,
+    place_scores,
+    response_length_metrics,
+)
+from search_rl.tracking import RolloutDumper, Tracker, timer
+from search_rl.train_config import RewardConfig, TrainerConfig
+
+logger = logging.getLogger(__name__)
+
+
+class Workers(Protocol):
+    """What the loop needs from a worker group (``WorkerGroup`` or ``LocalWorkerGroup``)."""
+
+    def broadcast(self, method: str, *args: Any, **kwargs: Any) -> list[Any]: ...
+
+    def map_shards(self, method: str, batch: Any, *args: Any, **kwargs: Any) -> list[Any]: ...
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """The few facts about the run that the loop needs besides ``TrainerConfig`` and ``AlgorithmConfig``."""
+
+    pad_token_id: int
+    """Padding id of the tokenizer."""
+    response_width: int
+    """``rollout.max_response_tokens``: every batch's padded response width."""
+    use_reference: bool
+    """Compute reference log-probs (a KL term is on)."""
+    greedy_baseline: bool
+    """Roll out each prompt greedily as baseline (``remax``)."""
+    reward: RewardConfig
+    """Scoring per data source."""
+
+
+def _step_seed(seed: int, step: int, salt: int = 0) -> int:
+    return (seed * 1_000_003 + step * 9_176 + salt) % (2**62)
+
+
+class PPOTrainer:
+    """The loop. ``fit()`` runs it from the latest checkpoint (or the start) to ``trainer.total_training_steps``.
+
+    Args:
+        cfg: loop length, schedule, resume policy.
+        algo: the RL objective.
+        settings: padding, widths, which optional phases run, scoring.
+        actor: ``ActorRolloutRefWorker`` group.
+        critic: ``CriticWorker`` group, or None for critic-free estimators.
+        train_data: the resumable prompt loader.
+        val_data: validation prompts, or None.
+        tracker: metric sinks.
+        checkpoints: checkpoint folder manager.
+        dumper: rollout dump writer, or None.
+    """
+
+    def __init__(
+        self,
+        cfg: TrainerConfig,
+        algo: AlgorithmConfig,
+        settings: StepSettings,
+        *,
+        actor: Workers,
+        critic: Workers | None,
+        train_data: PromptLoader,
+        val_data: PromptBatch | None,
+        tracker: Tracker,
+        checkpoints: CheckpointManager,
+        dumper: RolloutDumper | None,
+    ) -> None:
+        self.cfg, self.algo, self.settings = cfg, algo, settings
+        self.actor, self.critic = actor, critic
+        self.train_data, self.val_data = train_data, val_data
+        self.tracker, self.checkpoints, self.dumper = tracker, checkpoints, dumper
+        self.kl_ctrl = build_kl_controller(algo) if algo.use_kl_in_reward else None
+        self.step = 0
+
+    # --- the loop ----------------------------------------------------------------------------------------------
+
+    def fit(self) -> list[tuple[int, dict[str, float]]]:
+        """Train to ``total_training_steps``; returns the logged history ``[(step, metrics), ...]``."""
+        self.resume()
+        if self.cfg.val_before_train and self.step == 0 and self.val_data is not None:
+            self.tracker.log(self.validate(), step=0)
+        while self.step < self.cfg.total_training_steps:
+            self.step += 1
+            metrics = self.train_step()
+            if self._due(self.cfg.test_freq) and self.val_data is not None:
+                with timer("validate", metrics):
+                    metrics.update(self.validate())
+            if self._due(self.cfg.save_freq):
+                with timer("save", metrics):
+                    self.save()
+            self.tracker.log(metrics, self.step)
+        return self.tracker.history
+
+    def train_step(self) -> dict[str, float]:
+        """One step: rollout → reward → log-probs → values → advantages → updates → weight sync → dump."""
+        m: dict[str, float] = {}
+        with timer("step", m):
+            prompts = self.train_data.next_batch()
+            with timer("rollout", m):
+                trajectories = self.generate(prompts, m)
+            with timer("reward", m):
+                batch, results = self.score(prompts, trajectories, m)
+            with timer("old_log_prob", m):
+                batch = self.compute_old_logprobs(batch, m)
+            if self.settings.use_reference:
+                with timer("ref_log_prob", m):
+                    batch = self.compute_ref_logprobs(batch)
+            if self.critic is not None:
+                with timer("values", m):
+                    batch = self.compute_values(batch)
+            with timer("advantages", m):
+                batch = self.compute_advantages(batch, prompts, m)
+            if self.critic is not None:
+                with timer("update_critic", m):
+                    m.update(self.update_critic(batch))
+            with timer("update_actor", m):
+                m.update(self.update_actor(batch))
+            with timer("sync_weights", m):
+                self.sync_weights()
+            self.dump("train", prompts, trajectories, results, batch, batch.meta.weight_version)
+        self._throughput(m, batch)
+        return m
+
+    # --- phases ------------------------------------------------------------------------------------------------
+
+    def generate(self, prompts: PromptBatch, metrics: dict[str, float]) -> list[Trajectory]:
+        """Sampled rollouts with search, sharded over the actor workers."""
+        results: list[RolloutResult] = self.actor.map_shards(
+            "generate", prompts, False, _step_seed(self.cfg.seed, self.step)
+        )
+        trajectories = [t for r in results for t in r.trajectories]
+        metrics.update(merge_rollout_metrics(results))
+        metrics.update(response_length_metrics(trajectories))
+        return trajectories
+
+    def score(
+        self, prompts: PromptBatch, trajectories: list[Trajectory], metrics: dict[str, float]
+    ) -> tuple[TrainBatch, list[RewardResult]]:
+        """Rewards per sample, collated into a ``TrainBatch`` with token-level scores."""
+        results = score_trajectories(trajectories, prompts, self.settings.reward)
+        metrics.update(reward_metrics(results, prompts.data_sources, prompts.uids))
+        meta = BatchMeta(step=self.step, weight_version=int(metrics.get("rollout/weight_version", 0)))
+        batch = build_train_batch(trajectories, prompts, self.settings.pad_token_id, self.settings.response_width, meta)
+        return batch.replace(token_level_scores=place_scores(batch, [r.score for r in results])), results
+
+    def compute_old_logprobs(self, batch: TrainBatch, metrics: dict[str, float]) -> TrainBatch:
+        """Log-probs under the policy that sampled (recomputed, as the engine's may differ numerically)."""
+        parts = self.actor.map_shards("compute_log_prob", batch)
+        old = torch.cat([lp for lp, _ in parts])  # (B, T)
+        entropy = torch.cat([ent for _, ent in parts])  # (B, T)
+        mask = batch.response_mask
+        metrics["actor/entropy_rollout"] = masked_mean(entropy, mask).item()
+        metrics["rollout/logprob_abs_diff"] = masked_mean((old - batch.rollout_logprobs).abs(), mask).item()
+        return batch.replace(old_logprobs=old)
+
+    def compute_ref_logprobs(self, batch: TrainBatch) -> TrainBatch:
+        return batch.replace(ref_logprobs=torch.cat(self.actor.map_shards("compute_ref_log_prob", batch)))
+
+    def compute_values(self, batch: TrainBatch) -> TrainBatch:
+        assert self.critic is not None
+        return batch.replace(values=torch.cat(self.critic.map_shards("compute_values", batch)))
+
+    def compute_advantages(self, batch: TrainBatch, prompts: PromptBatch, metrics: dict[str, float]) -> TrainBatch:
+        """Mask, KL-in-reward and the configured estimator (``steps.compute_advantages``)."""
+        baselines = self._greedy_baselines(prompts) if self.settings.greedy_baseline else None
+        batch, adv_metrics = compute_advantages(batch, self.algo, self.kl_ctrl, baselines)
+        metrics.update(adv_metrics)
+        return batch
+
+    def _greedy_baselines(self, prompts: PromptBatch) -> torch.Tensor:
+        """(B,) reward of each prompt's greedy rollout (ReMax's baseline), one rollout per distinct prompt."""
+        first = {uid: i for i, uid in reversed(list(enumerate(prompts.uids)))}
+        unique = prompts.select(sorted(first.values()))
+        results = self.actor.map_shards("generate", unique, True, 0)
+        scores = score_trajectories([t for r in results for t in r.trajectories], unique, self.settings.reward)
+        by_uid = {uid: s.score for uid, s in zip(unique.uids, scores, strict=True)}
+        return torch.tensor([by_uid[u] for u in prompts.uids], dtype=torch.float32)
+
+    def update_critic(self, batch: TrainBatch) -> dict[str, float]:
+        assert self.critic is not None
+        return _mean_dicts(self.critic.map_shards("update_critic", batch, self.step))
+
+    def update_actor(self, batch: TrainBatch) -> dict[str, float]:
+        return _mean_dicts(self.actor.map_shards("update_actor", batch, self.step))
+
+    def sync_weights(self) -> None:
+        """Push the new weights to the rollout engines, versioned by the step that produced them."""
+        versions = self.actor.broadcast("sync_weights", self.step)
+        if set(versions) != {self.step}:
+            raise RuntimeError(f"weight sync: engines report versions {versions}, expected {self.step}")
+
+    def validate(self) -> dict[str, float]:
+        """Greedy rollouts of the validation prompts; EM / sub-EM / F1, answer rate, searches per data source."""
+        assert self.val_data is not None
+        results: list[RolloutResult] = self.actor.map_shards("generate", self.val_data, True, 0)
+        trajectories = [t for r in results for t in r.trajectories]
+        scores = score_trajectories(trajectories, self.val_data, self.settings.reward)
+        self.dump("val", self.val_data, trajectories, scores, None, self.step)
+        return answer_metrics(trajectories, scores, self.val_data.data_sources, "val")
+
+    def dump(
+        self,
+        kind: str,
+        prompts: PromptBatch,
+        trajectories: list[Trajectory],
+        results: list[RewardResult],
+        batch: TrainBatch | None,
+        weight_version: int,
+    ) -> None:
+        if self.dumper is None or not self.cfg.dump_rollouts:
+            return
+        advantages = None
+        if batch is not None and batch.advantages is not None and batch.loss_mask is not None:
+            advantages = masked_mean(batch.advantages, batch.loss_mask, dim=-1).tolist()
+        self.dumper.dump(kind, self.step, prompts, trajectories, results, advantages, weight_version)
+
+    # --- checkpoints -------------------------------------------------------------------------------------------
+
+    def save(self) -> None:
+        """Checkpoint the workers' models and optimizers and the loop's state, atomically."""
+        with self.checkpoints.writing(self.step) as directory:
+            self.actor.broadcast("save_checkpoint", str(directory))
+            if self.critic is not None:
+                self.critic.broadcast("save_checkpoint", str(directory))
+            torch.save(self.state_dict(), directory / TRAINER_STATE)
+
+    def resume(self) -> None:
+        """Continue from the checkpoint ``trainer.resume`` names (latest for ``auto``), if any."""
+        path = self.checkpoints.resolve(self.cfg.resume)
+        if path is None:
+            return
+        self.actor.broadcast("load_checkpoint", str(path))
+        if self.critic is not None:
+            self.critic.broadcast("load_checkpoint", str(path))
+        self.load_state_dict(torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=False))
+        self.actor.broadcast("sync_weights", self.step)
+        self.tracker.rewind(self.step)
+        logger.info("resumed from %s at step %d", path, self.step)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "data": self.train_data.state_dict(),
+            "kl_ctrl": self.kl_ctrl.state_dict() if self.kl_ctrl is not None else None,
+            "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+        self.train_data.load_state_dict(state["data"])
+        if self.kl_ctrl is not None and state["kl_ctrl"] is not None:
+            self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        random.setstate(state["rng"]["python"])
+        np.random.set_state(state["rng"]["numpy"])
+        torch.set_rng_state(state["rng"]["torch"])
+
+    # --- helpers -----------------------------------------------------------------------------------------------
+
+    def _due(self, freq: int) -> bool:
+        return freq > 0 and (self.step % freq == 0 or self.step == self.cfg.total_training_steps)
+
+    @staticmethod
+    def _throughput(m: dict[str, float], batch: TrainBatch) -> None:
+        tokens = float(batch.attention_mask.sum())
+        m["perf/total_tokens"] = tokens
+        m["perf/tokens_per_s"] = tokens / max(m["timing/step_s"], 1e-9)
+        if "perf/actor_update_tokens" in m:
+            m["perf/actor_update_tokens_per_s"] = m["perf/actor_update_tokens"] / max(m["timing/update_actor_s"], 1e-9)
+
+
+def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
+    """Mean over workers of each metric; ``perf/*`` token counts are summed."""
+    keys = sorted({k for d in dicts for k in d})
+    out = {}
+    for k in keys:
+        values = [d[k] for d in dicts if k in d]
+        out[k] = sum(values) if k.startswith("perf/") else sum(values) / len(values)
+    return out

@@ -1,0 +1,6 @@
+"""Workers: the Ray actors that own the models (actor + rollout + reference, critic) and their data parallelism."""
+
+from search_rl.workers.distributed import WorkerSpec
+from search_rl.workers.group import LocalWorkerGroup, WorkerGroup
+
+__all__ = ["LocalWorkerGroup", "WorkerGroup", "WorkerSpec"]

@@ -1,0 +1,252 @@
+"""``ActorRolloutRefWorker``: the policy (trained), its generation engine with the search loop, and the reference.
+
+One process per data-parallel rank (a Ray actor, made by ``WorkerGroup``). It owns the weights; the driver owns the
+loop and calls the typed methods below through ``WorkerGroup.broadcast`` / ``map_shards``:
+
+- ``generate(prompts, greedy, seed)``: multi-turn search rollouts of its shard (``LLMGenerationManager``).
+- ``compute_log_prob(batch)`` / ``compute_ref_log_prob(batch)``: log-probs under the current / reference policy.
+- ``update_actor(batch, step)``: PPO epochs over mini/micro-batches with the masked actor loss.
+- ``sync_weights(version)``: push the trained weights to the rollout engine, recording their version.
+- ``save_checkpoint(dir)`` / ``load_checkpoint(dir)``.
+
+On CPU the HF engine generates with the trained module itself, so a sync only records the version. On GPU the policy
+is FSDP-sharded and the engine (HF or vLLM) holds its own full copy: a sync gathers the full weights and loads them
+into the engine (``RolloutEngine.update_weights``).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import resource
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from search_rl.agent.generation_manager import LLMGenerationManager
+from search_rl.agent.retriever_client import RetrieverClient
+from search_rl.algorithms import AlgorithmConfig, compute_actor_loss
+from search_rl.config import RetrieverClientConfig
+from search_rl.datatypes import RolloutResult
+from search_rl.models import load_model, load_tokenizer
+from search_rl.protocol import PromptBatch, TrainBatch
+from search_rl.rollout.base import RolloutEngine
+from search_rl.rollout.hf import HFEngine
+from search_rl.train_config import ActorConfig, ModelConfig, RefConfig, TrainRolloutConfig
+from search_rl.workers import distributed as D
+from search_rl.workers.forward import model_token_count, response_logprobs
+from search_rl.workers.optimization import TrainableModel
+
+logger = logging.getLogger(__name__)
+
+SEED_STRIDE_PER_RANK = 100_003
+"""Added to the sampling seed per rank, so shards sample different streams."""
+
+
+def dtype_of(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def actor_loss(
+    micro: TrainBatch, logprobs: torch.Tensor, entropy: torch.Tensor | None, algo: AlgorithmConfig
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The masked actor objective of one micro-batch (``compute_actor_loss`` on the batch's ``loss_mask``)."""
+    micro.require("loss_mask", "old_logprobs", "advantages")
+    assert micro.loss_mask is not None and micro.old_logprobs is not None and micro.advantages is not None
+    device = logprobs.device
+    return compute_actor_loss(
+        logprobs,
+        micro.old_logprobs.to(device),
+        micro.advantages.to(device),
+        micro.loss_mask.to(device),
+        algo,
+        entropy=entropy,
+        ref_logprobs=micro.ref_logprobs.to(device) if micro.ref_logprobs is not None and algo.use_kl_loss else None,
+    )
+
+
+class ActorRolloutRefWorker:
+    """Policy + rollout + reference on one rank.
+
+    Args:
+        spec: rank, world size, device, threads, seed.
+        model: the starting policy.
+        actor: update settings.
+        rollout: search loop, samples per prompt, engine.
+        ref: reference settings, or None when no KL term needs it.
+        algorithm: the RL objective.
+        retriever: the retriever service.
+    """
+
+    def __init__(
+        self,
+        spec: D.WorkerSpec,
+        model: ModelConfig,
+        actor: ActorConfig,
+        rollout: TrainRolloutConfig,
+        ref: RefConfig | None,
+        algorithm: AlgorithmConfig,
+        retriever: RetrieverClientConfig,
+    ) -> None:
+        D.setup_worker_process(spec)
+        self.spec, self.model_cfg, self.actor_cfg, self.rollout_cfg = spec, model, actor, rollout
+        self.ref_cfg, self.algo, self.retriever_cfg = ref, algorithm, retriever
+        self.tokenizer = load_tokenizer(model.path)
+        self.dtype = dtype_of(model.dtype)
+        self.policy = load_model(model.path, dtype=self.dtype, seed=model.seed)
+        if model.gradient_checkpointing:
+            self.policy.gradient_checkpointing_enable()
+        self.reference = copy.deepcopy(self.policy).requires_grad_(False) if ref is not None else None
+        self.module: torch.nn.Module = self.policy
+        self.trainable: TrainableModel | None = None
+        self.engine: RolloutEngine | None = None
+        self.manager: LLMGenerationManager | None = None
+
+    # --- setup -------------------------------------------------------------------------------------------------
+
+    def master_address(self) -> tuple[str, int]:
+        return D.master_address()
+
+    def init_distributed(self, host: str, port: int) -> None:
+        """Join the process group, shard (GPU) or sync (CPU) the weights, build the optimizer and the engine."""
+        D.init_process_group(self.spec, host, port)
+        if self.spec.use_fsdp:
+            self.module = D.wrap_fsdp(self.policy.to("cuda"), self.dtype)
+            if self.reference is not None:
+                self.reference = D.wrap_fsdp(self.reference.to("cuda"), self.dtype)
+        else:
+            D.broadcast_parameters(self.policy, self.spec)
+            if self.reference is not None:
+                D.broadcast_parameters(self.reference, self.spec)
+        self.trainable = TrainableModel(self.module, self.actor_cfg.optim, self.actor_cfg.grad_clip, self.spec, "actor")
+        self.engine = self._build_engine()
+        client = RetrieverClient(self.retriever_cfg)
+        self.manager = LLMGenerationManager(self.engine, self.tokenizer, client, self.rollout_cfg.search_loop_config())
+
+    def _build_engine(self) -> RolloutEngine:
+        cfg = self.rollout_cfg
+        if cfg.engine == "vllm":
+            from search_rl.rollout.vllm import VLLMEngine
+
+            directory = self._export_for_engine()
+            return VLLMEngine(
+                str(directory),
+                gpu_memory_utilization=cfg.gpu_memory_utilization,
+                max_model_len=cfg.hf.max_model_len,
+                seed=self.spec.seed + self.spec.rank,
+            )
+        if self.spec.use_fsdp:  # the engine needs full weights: it keeps its own copy, refreshed by sync_weights
+            copy_model = load_model(self.model_cfg.path, dtype=self.dtype, seed=self.model_cfg.seed, device="cuda")
+            return HFEngine(copy_model, self.tokenizer, cfg.hf)
+        return HFEngine(self.policy, self.tokenizer, cfg.hf)
+
+    def _export_for_engine(self) -> Path:
+        """A local HF folder of the starting weights for engines that load from disk (vLLM)."""
+        import tempfile
+
+        directory = Path(tempfile.mkdtemp(prefix=f"search-rl-policy-{self.spec.rank}-"))
+        self.policy.save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)
+        return directory
+
+    # --- rollout -----------------------------------------------------------------------------------------------
+
+    def generate(self, prompts: PromptBatch, greedy: bool, seed: int) -> RolloutResult:
+        """Roll out this worker's prompts with search; greedy for validation."""
+        assert self.manager is not None, "init_distributed first"
+        rank_seed = seed + SEED_STRIDE_PER_RANK * self.spec.rank
+        with torch.no_grad():
+            result = self.manager.generate([list(p) for p in prompts.prompt_ids], greedy=greedy, seed=rank_seed)
+        client = self.manager.retriever
+        if isinstance(client, RetrieverClient):
+            result.metrics["rollout/retriever_retries"] = float(client.retries)
+        return result
+
+    def sync_weights(self, version: int) -> int:
+        """Push the trained weights to the rollout engine and record ``version``; returns the engine's version."""
+        assert self.engine is not None
+        if self.spec.use_fsdp or self.rollout_cfg.engine == "vllm":
+            state = D.full_state_dict(self.module, self.spec)
+            self.engine.update_weights(state.items(), version)
+        else:  # the engine generates with the trained module itself: nothing to copy
+            self.engine.update_weights((), version)
+        return self.engine.weight_version
+
+    # --- log-probs ---------------------------------------------------------------------------------------------
+
+    def compute_log_prob(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log-probs, entropies) of the responses under the current policy; (B, T) each."""
+        return self._log_probs(self.module, batch, self.rollout_cfg.log_prob_micro_batch_size_per_gpu, True)
+
+    def compute_ref_log_prob(self, batch: TrainBatch) -> torch.Tensor:
+        """Log-probs of the responses under the reference policy; (B, T)."""
+        if self.reference is None or self.ref_cfg is None:
+            raise ValueError("compute_ref_log_prob: this worker has no reference model (no KL term is configured)")
+        return self._log_probs(self.reference, batch, self.ref_cfg.log_prob_micro_batch_size_per_gpu, False)[0]
+
+    def _log_probs(
+        self, model: torch.nn.Module, batch: TrainBatch, micro: int, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        model.eval()
+        logprobs, entropies = [], []
+        with torch.no_grad():
+            for part in batch.split_by_size(micro):
+                lp, ent = response_logprobs(model, part, self.rollout_cfg.temperature, with_entropy=with_entropy)
+                logprobs.append(lp.cpu())
+                entropies.append(ent.cpu() if ent is not None else torch.zeros_like(lp.cpu()))
+        return torch.cat(logprobs), torch.cat(entropies)
+
+    # --- update ------------------------------------------------------------------------------------------------
+
+    def update_actor(self, batch: TrainBatch, step: int) -> dict[str, float]:
+        """PPO update on this worker's shard; returns mean metrics (``actor/*``, ``perf/*``)."""
+        assert self.trainable is not None
+        cfg, n = self.actor_cfg, self.rollout_cfg.n or 1
+        mini = cfg.ppo_mini_batch_size * n // self.spec.world_size
+        need_entropy_grad = self.algo.entropy_coeff > 0
+
+        def loss_fn(micro: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
+            logprobs, entropy = response_logprobs(self.module, micro, self.rollout_cfg.temperature, with_entropy=True)
+            if entropy is not None and not need_entropy_grad:
+                entropy = entropy.detach()
+            return actor_loss(micro, logprobs, entropy, self.algo)
+
+        seed = (self.spec.seed * 1_000_003 + step) * 7 + self.spec.rank if cfg.shuffle else None
+        metrics = self.trainable.ppo_update(
+            batch,
+            loss_fn,
+            mini_batch_size=mini,
+            micro_batch_size=cfg.ppo_micro_batch_size_per_gpu,
+            epochs=cfg.ppo_epochs,
+            shuffle_seed=seed,
+            loss_agg_mode=self.algo.loss_agg_mode,
+        )
+        metrics["perf/actor_update_tokens"] = float(model_token_count(batch) * cfg.ppo_epochs)
+        return metrics
+
+    # --- checkpoints -------------------------------------------------------------------------------------------
+
+    def save_checkpoint(self, directory: str) -> None:
+        """Rank 0 writes ``actor/`` (an HF model folder with the tokenizer) and ``actor_optim.pt``."""
+        assert self.trainable is not None
+        path = Path(directory)
+        state = D.full_state_dict(self.module, self.spec)
+        self.trainable.save_optimizer(path / "actor_optim.pt")
+        if self.spec.rank == 0:
+            D.unwrap(self.module).save_pretrained(path / "actor", state_dict=state)  # type: ignore[operator]
+            self.tokenizer.save_pretrained(path / "actor")
+
+    def load_checkpoint(self, directory: str) -> None:
+        """Load weights and optimizer state written by ``save_checkpoint`` (then the driver syncs the engine)."""
+        assert self.trainable is not None
+        path = Path(directory)
+        saved = AutoModelForCausalLM.from_pretrained(path / "actor", dtype=self.dtype, local_files_only=True)
+        D.load_full_state_dict(
+            D.unwrap(self.module) if not self.spec.use_fsdp else self.module, saved.state_dict(), self.spec
+        )
+        self.trainable.load_optimizer(path / "actor_optim.pt")
+
+    def peak_memory_mb(self) -> float:
+        """Peak resident memory of this worker process (Linux ``ru_maxrss``), in MiB."""
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

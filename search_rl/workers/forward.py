@@ -1,0 +1,71 @@
+"""Forward passes over ``TrainBatch`` micro-batches: response log-probs, entropies and values.
+
+A batch is padded to the widest prompt (left) and to ``max_response_tokens`` (right); a micro-batch is first cut
+to the columns some row uses, so padding costs nothing. The model sees ``input_ids[:, first:P+t]`` and only the
+logits of the last ``t + 1`` positions are computed (``logits_to_keep``): the position before response token ``k``
+predicts it. Outputs are padded back to the batch's ``T`` with zeros.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from search_rl.algorithms import entropy_from_logits
+from search_rl.protocol import TrainBatch
+
+
+def used_columns(batch: TrainBatch) -> tuple[int, int]:
+    """(first input column any row attends to, longest real response ``t``) of a left/right-padded batch."""
+    attended = batch.attention_mask.any(dim=0).nonzero()  # (n, 1)
+    first = int(attended[0, 0]) if len(attended) else 0
+    t = int(batch.response_attention_mask.sum(dim=-1).max())
+    return min(first, batch.prompt_length - 1), max(t, 1)
+
+
+def _trimmed_inputs(batch: TrainBatch) -> tuple[dict[str, torch.Tensor], int]:
+    first, t = used_columns(batch)
+    end = batch.prompt_length + t
+    inputs = {
+        "input_ids": batch.input_ids[:, first:end],
+        "attention_mask": batch.attention_mask[:, first:end],
+        "position_ids": batch.position_ids[:, first:end],
+    }
+    return inputs, t
+
+
+def _pad_to(x: torch.Tensor, width: int) -> torch.Tensor:
+    return F.pad(x, (0, width - x.shape[-1]))
+
+
+def response_logprobs(
+    model: nn.Module, batch: TrainBatch, temperature: float, *, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of the response tokens under ``model`` at ``temperature`` (the sampling distribution), and
+    optionally the per-token entropies; (B, T) each, 0 past each response. Gradients flow when enabled."""
+    inputs, t = _trimmed_inputs(batch)
+    device = next(model.parameters()).device
+    inputs = {k: v.to(device) for k, v in inputs.items()}
+    out = model(**inputs, use_cache=False, logits_to_keep=t + 1)
+    logits = out.logits[:, :-1].float() / temperature  # (B, t, V)
+    targets = batch.response_ids[:, :t].to(device)  # (B, t)
+    logprobs = logits.log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, t)
+    entropy = entropy_from_logits(logits) if with_entropy else None  # (B, t)
+    width = batch.response_ids.shape[1]
+    return _pad_to(logprobs, width), (_pad_to(entropy, width) if entropy is not None else None)
+
+
+def response_values(model: nn.Module, batch: TrainBatch) -> torch.Tensor:
+    """Critic values at the position before each response token (the state the token was chosen in); (B, T)."""
+    inputs, t = _trimmed_inputs(batch)
+    device = next(model.parameters()).device
+    inputs = {k: v.to(device) for k, v in inputs.items()}
+    values = model(**inputs, keep_last=t + 1)[:, :-1].float()  # (B, t)
+    return _pad_to(values, batch.response_ids.shape[1])
+
+
+def model_token_count(batch: TrainBatch) -> int:
+    """Tokens a forward pass over ``batch`` processes after trimming (prompt + response columns in use)."""
+    inputs, _ = _trimmed_inputs(batch)
+    return int(inputs["attention_mask"].sum())

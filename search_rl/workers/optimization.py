@@ -1,0 +1,164 @@
+"""``TrainableModel``: a model with its AdamW, warm-up schedule and the PPO mini/micro-batch update loop.
+
+Shared by the actor and the critic. One ``ppo_update`` call runs ``epochs`` passes over the worker's shard; each pass
+splits it into mini-batches (one optimizer step each, the same count on every rank) and each mini-batch into
+micro-batches (one forward/backward each). A micro-batch's loss is weighted by its share of the mini-batch's
+tokens over *all* ranks (sequences, for the sequence-mean aggregations), so gradient accumulation and data
+parallelism give the same update as one pass over the whole mini-batch: the ``token-mean`` caveat of
+``docs/algorithms.md`` is handled here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from search_rl.protocol import TrainBatch
+from search_rl.train_config import OptimConfig
+from search_rl.workers.distributed import WorkerSpec, all_reduce_sum, average_gradients
+
+LossFn = Callable[[TrainBatch], tuple[torch.Tensor, dict[str, float]]]
+"""``micro_batch -> (loss aggregated over the micro-batch, metrics)``."""
+
+
+def aggregation_weight(loss_mask: torch.Tensor, loss_agg_mode: str) -> float:
+    """What a micro-batch counts for in the mini-batch mean: its selected tokens for ``token-mean``, its sequences
+    with at least one selected token for the sequence-mean modes."""
+    if loss_agg_mode == "token-mean":
+        return float(loss_mask.sum())
+    return float((loss_mask.sum(-1) > 0).sum())
+
+
+class MetricMean:
+    """Weighted means of named metrics over micro-batches, mini-batches and epochs."""
+
+    def __init__(self) -> None:
+        self._sum: dict[str, float] = defaultdict(float)
+        self._weight: dict[str, float] = defaultdict(float)
+
+    def add(self, metrics: dict[str, float], weight: float = 1.0) -> None:
+        for k, v in metrics.items():
+            self._sum[k] += v * weight
+            self._weight[k] += weight
+
+    def means(self) -> dict[str, float]:
+        return {k: self._sum[k] / self._weight[k] for k in self._sum if self._weight[k] > 0}
+
+
+class TrainableModel:
+    """A model and its optimizer on one worker.
+
+    Args:
+        model: the (possibly FSDP-wrapped) module being trained.
+        optim: learning rate, weight decay, warm-up.
+        grad_clip: global gradient-norm bound (0 = none).
+        spec: rank, world size, device.
+        prefix: metric namespace (``actor`` or ``critic``).
+    """
+
+    def __init__(self, model: nn.Module, optim: OptimConfig, grad_clip: float, spec: WorkerSpec, prefix: str) -> None:
+        self.model, self.grad_clip, self.spec, self.prefix = model, grad_clip, spec, prefix
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=optim.lr, weight_decay=optim.weight_decay)
+        warmup = optim.lr_warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
+        )
+
+    def ppo_update(
+        self,
+        batch: TrainBatch,
+        loss_fn: LossFn,
+        *,
+        mini_batch_size: int,
+        micro_batch_size: int,
+        epochs: int,
+        shuffle_seed: int | None,
+        loss_agg_mode: str,
+    ) -> dict[str, float]:
+        """Run the update passes over this worker's shard and return mean metrics.
+
+        ``mini_batch_size`` is per worker; every rank must hold a shard of the same size so that all take the same
+        number of optimizer steps (the collectives pair up).
+        """
+        batch.require("loss_mask")
+        assert batch.loss_mask is not None
+        self.model.train()
+        metrics = MetricMean()
+        for epoch in range(epochs):
+            order = torch.arange(len(batch))
+            if shuffle_seed is not None:
+                gen = torch.Generator().manual_seed(shuffle_seed * 1000 + epoch)
+                order = torch.randperm(len(batch), generator=gen)
+            for mini in batch.select(order).split_by_size(mini_batch_size):
+                metrics.add(self._mini_batch_step(mini, loss_fn, micro_batch_size, loss_agg_mode))
+        return metrics.means()
+
+    def _mini_batch_step(
+        self, mini: TrainBatch, loss_fn: LossFn, micro_batch_size: int, loss_agg_mode: str
+    ) -> dict[str, float]:
+        assert mini.loss_mask is not None
+        micros = mini.split_by_size(micro_batch_size)
+        weights = [aggregation_weight(m.loss_mask, loss_agg_mode) for m in micros]  # type: ignore[arg-type]
+        total = all_reduce_sum(sum(weights), self.spec)
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics = MetricMean()
+        for micro, weight in zip(micros, weights, strict=True):
+            loss, micro_metrics = loss_fn(micro)
+            share = weight / total if total > 0 else 0.0
+            # Ranks average their gradients, so each rank's share is scaled back up by the world size.
+            (loss * share * self.spec.world_size).backward()
+            metrics.add(micro_metrics, weight=max(weight, 1e-12))
+        grad_norm = self._reduce_and_clip()
+        out = metrics.means()
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+            out[f"{self.prefix}/skipped_steps"] = 0.0
+        else:  # a NaN/inf gradient would poison the weights and the Adam moments for good
+            out[f"{self.prefix}/skipped_steps"] = 1.0
+        self.optimizer.zero_grad(set_to_none=True)
+        out[f"{self.prefix}/lr"] = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        out[f"{self.prefix}/grad_norm"] = grad_norm
+        return out
+
+    def _reduce_and_clip(self) -> float:
+        average_gradients(self.params, self.spec)
+        max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
+        if self.spec.use_fsdp:
+            norm = self.model.clip_grad_norm_(max_norm)  # type: ignore[operator]
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+        return float(norm)
+
+    def optimizer_state(self) -> dict[str, object]:
+        """Optimizer and schedule state (unsharded under FSDP; every rank must call it)."""
+        if self.spec.use_fsdp:
+            from torch.distributed.fsdp import FullyShardedDataParallel
+
+            optim = FullyShardedDataParallel.optim_state_dict(self.model, self.optimizer)
+        else:
+            optim = self.optimizer.state_dict()
+        return {"optimizer": optim, "scheduler": self.scheduler.state_dict()}
+
+    def load_optimizer_state(self, state: dict[str, object]) -> None:
+        optim = state["optimizer"]
+        if self.spec.use_fsdp:
+            from torch.distributed.fsdp import FullyShardedDataParallel
+
+            optim = FullyShardedDataParallel.optim_state_dict_to_load(self.model, self.optimizer, optim)
+        self.optimizer.load_state_dict(optim)  # type: ignore[arg-type]
+        self.scheduler.load_state_dict(state["scheduler"])  # type: ignore[arg-type]
+
+    def save_optimizer(self, path: Path) -> None:
+        state = self.optimizer_state()
+        if self.spec.rank == 0:
+            torch.save(state, path)
+
+    def load_optimizer(self, path: Path) -> None:
+        self.load_optimizer_state(torch.load(path, map_location="cpu", weights_only=False))
