@@ -126,3 +126,17 @@ def make_prompt(tokenizer):
 def recording():
     """Factory: ``(engine, after_call=None) -> RecordingEngine`` wrapping any engine."""
     return RecordingEngine
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """A local Ray for the tests marked ``ray`` (2 CPUs, no dashboard), started once and shut down at the end.
+
+    Workers ask for fractional CPUs (``trainer.cpus_per_worker``), so an actor and a critic group of two each fit.
+    """
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()

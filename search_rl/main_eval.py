@@ -1,0 +1,199 @@
+"""Greedy evaluation of a base model or a checkpoint on any parquet of Search-R1 rows, with the two baselines.
+
+    python -m search_rl.main_eval                                                # SmolLM2 with search, shipped test set
+    python -m search_rl.main_eval model.path=runs/default/global_step_10/actor   # a trained checkpoint
+    python -m search_rl.main_eval baseline=no_search                             # closed book, same model
+    python -m search_rl.main_eval baseline=naive_rag rag_topk=3                  # top-3 passages inlined, no search
+    python -m search_rl.main_eval 'data.files=[data/datasets/eval/bamboogle_test.parquet]' data.max_samples=50
+
+``search`` rolls out the rows' own prompts with the search loop; ``no_search`` and ``naive_rag`` rebuild the prompt
+from the row's ``question`` with ``configs/templates/{no_search,naive_rag}.txt`` (``data_prep.templates``) and run one
+answer turn. Same model, same greedy decoding, same scoring (``reward`` config). Writes ``metrics.json`` and
+``trajectories.jsonl`` (the rollout-dump records of ``search_rl.tracking.rollout_dump``) under
+``<output_dir>/<baseline>-<time>/``. The last line on stdout is ``eval n=<count> em=<x> subem=<y> f1=<z>`` over all
+scored rows; per-source EM / sub-EM / F1, answer rate and searches per question are logged above it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig
+
+from data_prep.templates import load_template, render_prompt
+from search_rl.agent.generation_manager import LLMGenerationManager
+from search_rl.agent.prompts import encode_prompt
+from search_rl.agent.retriever_client import RetrieverClient, RetrieverError
+from search_rl.config import HFEngineConfig, RetrieverClientConfig, RolloutConfig
+from search_rl.data import PromptDataset, read_rows
+from search_rl.datatypes import Trajectory
+from search_rl.models import load_model, load_tokenizer
+from search_rl.protocol import PromptBatch
+from search_rl.rollout.hf import HFEngine
+from search_rl.scoring import answer_metrics, score_trajectories
+from search_rl.tracking.rollout_dump import write_records
+from search_rl.train_config import CONFIG_DIR, ConfigError, ModelConfig, RewardConfig, to_config
+from search_rl.workers.actor_rollout_ref import dtype_of
+
+logger = logging.getLogger("search_rl.main_eval")
+
+BASELINES = ("search", "no_search", "naive_rag")
+
+
+@dataclass
+class EvalDataConfig:
+    """What ``main_eval`` scores."""
+
+    files: list[str] = field(default_factory=lambda: ["data/datasets/nq_hotpotqa_mini/test.parquet"])
+    """Parquet files of Search-R1 rows."""
+    max_samples: int | None = None
+    """Score a fixed, seeded subset of this many rows (``null`` = every row)."""
+    seed: int = 0
+    """Seed of that subset."""
+
+
+@dataclass
+class EvalConfig:
+    """The root of ``configs/eval.yaml``."""
+
+    do_search: bool = True
+    """Execute ``<search>`` actions (``search`` baseline only)."""
+    max_turns: int = 4
+    """Search turns per episode (``search`` baseline only)."""
+    baseline: str = "search"
+    """``search`` (the rows' prompts, with search), ``no_search`` (closed book) or ``naive_rag`` (top-k passages of
+    the question inlined in the prompt, no search)."""
+    rag_topk: int = 3
+    """Passages inlined by ``naive_rag``."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Model to evaluate: a base model or a checkpoint's ``actor/`` folder."""
+    data: EvalDataConfig = field(default_factory=EvalDataConfig)
+    """Rows to score."""
+    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(greedy=True))
+    """The search loop; decoding is always greedy."""
+    engine: HFEngineConfig = field(default_factory=HFEngineConfig)
+    """HF engine settings."""
+    retriever: RetrieverClientConfig = field(default_factory=RetrieverClientConfig)
+    """The retriever service (``search`` and ``naive_rag``)."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Scoring per data source."""
+    batch_size: int = 32
+    """Questions rolled out together."""
+    output_dir: str = "runs/eval"
+    """Where the run folder with ``metrics.json`` and ``trajectories.jsonl`` goes."""
+
+    def __post_init__(self) -> None:
+        if self.baseline not in BASELINES:
+            raise ConfigError(f"baseline must be one of {BASELINES}, got {self.baseline!r}")
+        if self.rag_topk < 1 or self.batch_size < 1:
+            raise ConfigError("rag_topk and batch_size must be >= 1")
+
+
+def register_eval_config() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="eval_schema", node=EvalConfig)
+
+
+def load_eval_config(overrides: list[str] | tuple[str, ...] = ()) -> EvalConfig:
+    """Compose ``configs/eval.yaml`` with overrides (tests and scripts)."""
+    from hydra import compose, initialize_config_dir
+
+    register_eval_config()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        cfg = to_config(compose(config_name="eval", overrides=list(overrides)))
+    assert isinstance(cfg, EvalConfig)
+    return cfg
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Metrics (``eval/<source>/<metric>``), the run folder, and the summary line."""
+
+    metrics: dict[str, float]
+    output_dir: Path
+    summary: str
+
+
+def _messages(text: str) -> tuple[dict[str, str], ...]:
+    return ({"role": "user", "content": text},)
+
+
+def baseline_prompts(cfg: EvalConfig, dataset: PromptDataset, indices: list[int], tokenizer: Any) -> PromptBatch:
+    """The prompts of the chosen baseline: the rows' own (``search``), or rebuilt from the question."""
+    batch = dataset.batch(indices)
+    if cfg.baseline == "search":
+        return batch
+    if any(not q for q in batch.questions):
+        raise ValueError(f"baseline={cfg.baseline} needs the rows' `question` column (docs/data.md)")
+    template = load_template(cfg.baseline)
+    if cfg.baseline == "no_search":
+        texts = [render_prompt(template, q) for q in batch.questions]
+    else:
+        client = RetrieverClient(cfg.retriever)
+        hits = asyncio.run(client.search(list(batch.questions), cfg.rag_topk))
+        contents = [[f'"{p.title}"\n{p.text}' for p in passages] for passages in hits]
+        texts = [render_prompt(template, q, c) for q, c in zip(batch.questions, contents, strict=True)]
+    ids = tuple(tuple(encode_prompt(tokenizer, _messages(t))) for t in texts)
+    return batch.replace(prompt_ids=ids)
+
+
+def evaluate(cfg: EvalConfig) -> EvalResult:
+    """Roll out every selected row greedily, score it, write the files; see the module docstring."""
+    search = cfg.baseline == "search" and cfg.do_search and cfg.max_turns > 0
+    rollout = replace(cfg.rollout, do_search=search, max_turns=cfg.max_turns if search else 0, greedy=True)
+    if search or cfg.baseline == "naive_rag":
+        RetrieverClient(cfg.retriever).check_reachable()
+    tokenizer = load_tokenizer(cfg.model.path)
+    dataset = PromptDataset(read_rows(cfg.data.files), tokenizer, 10**9, drop_overlong=False)
+    prompts = baseline_prompts(cfg, dataset, dataset.subset_indices(cfg.data.max_samples, cfg.data.seed), tokenizer)
+    model = load_model(cfg.model.path, dtype=dtype_of(cfg.model.dtype), seed=cfg.model.seed)
+    engine = HFEngine(model, tokenizer, cfg.engine)
+    manager = LLMGenerationManager(engine, tokenizer, RetrieverClient(cfg.retriever) if search else None, rollout)
+    trajectories: list[Trajectory] = []
+    start = time.perf_counter()
+    for part in prompts.split_by_size(cfg.batch_size):
+        trajectories += manager.generate([list(p) for p in part.prompt_ids], greedy=True).trajectories
+        logger.info("rolled out %d/%d (%.0fs)", len(trajectories), len(prompts), time.perf_counter() - start)
+    results = score_trajectories(trajectories, prompts, cfg.reward)
+    metrics = answer_metrics(trajectories, results, prompts.data_sources, "eval")
+    out = Path(cfg.output_dir) / f"{cfg.baseline}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    write_records(out / "trajectories.jsonl", prompts, trajectories, results, tokenizer, step=0, kind="eval")
+    (out / "metrics.json").write_text(
+        json.dumps({"model": cfg.model.path, "baseline": cfg.baseline, **metrics}, indent=1)
+    )
+    for key, value in sorted(metrics.items()):
+        logger.info("%s = %.4f", key, value)
+    summary = "eval n={} em={:.4f} subem={:.4f} f1={:.4f}".format(
+        len(prompts), metrics["eval/all/em"], metrics["eval/all/subem"], metrics["eval/all/f1"]
+    )
+    return EvalResult(metrics, out, summary)
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="eval", version_base=None)
+def main(composed: DictConfig) -> None:
+    try:
+        cfg = to_config(composed)
+        result = evaluate(cfg)
+    except (ConfigError, RetrieverError, FileNotFoundError) as e:
+        logger.error("cannot evaluate: %s", e)
+        sys.exit(2)
+    logger.info("trajectories and metrics in %s", result.output_dir)
+    sys.stdout.flush()
+    sys.stdout.write(result.summary + "\n")  # the result line, last on stdout (scripts parse it)
+    sys.stdout.flush()
+
+
+register_eval_config()
+
+if __name__ == "__main__":
+    main()

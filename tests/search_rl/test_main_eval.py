@@ -1,0 +1,52 @@
+"""``main_eval``: greedy evaluation with search and the two baselines, per-source metrics, dumps, the result line.
+
+Run: python -m pytest tests/search_rl/test_main_eval.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from search_rl.main_eval import evaluate, load_eval_config
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+RESULT_LINE = re.compile(r"^eval n=(\d+) em=([\d.]+) subem=([\d.]+) f1=([\d.]+)$")
+SMALL = ["model=tiny", "data.max_samples=3", "max_turns=1", "rollout.max_turn_tokens=16", "batch_size=2"]
+
+
+@pytest.mark.parametrize("baseline", ["search", "no_search", "naive_rag"])
+def test_evaluate_each_baseline(baseline, retriever_url, tmp_path):
+    cfg = load_eval_config([*SMALL, f"baseline={baseline}", f"retriever.url={retriever_url}", f"output_dir={tmp_path}"])
+    result = evaluate(cfg)
+    match = RESULT_LINE.match(result.summary)
+    assert match and match.group(1) == "3"
+    assert {"eval/all/em", "eval/all/subem", "eval/all/f1", "eval/all/answer_rate", "eval/all/searches"} <= set(
+        result.metrics
+    )
+    assert any(k.startswith("eval/nq/") or k.startswith("eval/hotpotqa/") for k in result.metrics)
+    records = [json.loads(x) for x in (result.output_dir / "trajectories.jsonl").read_text().splitlines()]
+    assert len(records) == 3 and all(r["kind"] == "eval" and r["gold"] for r in records)
+    prompt = records[0]["prompt"]
+    assert ("Passages:\nDoc 1(Title:" in prompt) == (baseline == "naive_rag")
+    assert ("own knowledge" in prompt) == (baseline != "search")  # the baselines' templates
+    assert json.loads((result.output_dir / "metrics.json").read_text())["baseline"] == baseline
+
+
+def test_cli_prints_the_result_line_last(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "search_rl.main_eval", *SMALL, "baseline=no_search", f"output_dir={tmp_path}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert RESULT_LINE.match(proc.stdout.strip().splitlines()[-1])

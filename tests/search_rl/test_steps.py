@@ -1,0 +1,102 @@
+"""The driver's per-batch steps: collation to a fixed response width, reward placement, advantages, metric merging.
+
+Run: python -m pytest tests/search_rl/test_steps.py -q
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from search_rl.algorithms import AlgorithmConfig, FixedKLController
+from search_rl.datatypes import RolloutResult, Segment, Trajectory, TrajectoryStats
+from search_rl.protocol import BatchMeta, PromptBatch
+from search_rl.scoring import reward_metrics
+from search_rl.steps import build_train_batch, compute_advantages, merge_rollout_metrics, place_scores
+
+PAD = 0
+
+
+def _traj(prompt: list[int], mask: list[int]) -> Trajectory:
+    response = list(range(100, 100 + len(mask)))
+    return Trajectory(
+        prompt_ids=torch.tensor(prompt),
+        response_ids=torch.tensor(response),
+        response_mask=torch.tensor(mask),
+        rollout_logprobs=torch.tensor([-0.5 * m for m in mask], dtype=torch.float32),
+        segments=(Segment("model", 0, len(mask), "x"),),
+        final_answer=None,
+        stop_reason="answer",
+        stats=TrajectoryStats(turns=1),
+    )
+
+
+def _prompts(uids: list[str]) -> PromptBatch:
+    n = len(uids)
+    return PromptBatch(((1,),) * n, tuple(uids), ("nq",) * n, (("a",),) * n, ("q",) * n, tuple(range(n)))
+
+
+def test_batch_is_padded_to_the_response_budget():
+    trajs = [_traj([1, 2, 3], [1, 1, 0, 0, 1]), _traj([4], [1, 1])]
+    batch = build_train_batch(trajs, _prompts(["a", "b"]), PAD, response_width=8, meta=BatchMeta(step=3))
+    assert batch.response_ids.shape == (2, 8) and batch.input_ids.shape == (2, 3 + 8)
+    assert batch.response_mask.tolist() == [[1, 1, 0, 0, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0, 0]]
+    assert batch.response_attention_mask.tolist() == [[1] * 5 + [0] * 3, [1, 1] + [0] * 6]
+    assert batch.attention_mask[1].tolist()[:3] == [0, 0, 1]  # prompt left-padded
+    assert batch.position_ids[1].tolist()[2:5] == [0, 1, 2]
+    assert batch.uids == ("a", "b") and batch.meta.step == 3
+
+
+def test_outcome_reward_sits_on_the_last_model_token():
+    trajs = [_traj([1], [1, 1, 0, 0]), _traj([1], [1, 0, 1, 0, 0])]  # budget ran out inside an observation
+    batch = build_train_batch(trajs, _prompts(["a", "b"]), PAD, response_width=6, meta=BatchMeta())
+    scores = place_scores(batch, [1.0, 0.5])
+    assert scores.tolist() == [[0, 1.0, 0, 0, 0, 0], [0, 0, 0.5, 0, 0, 0]]
+
+
+def test_grpo_advantages_use_groups_and_the_loss_mask():
+    trajs = [_traj([1], [1, 0, 1]), _traj([1], [1, 1, 1]), _traj([2], [1, 1, 0]), _traj([2], [1, 1, 1])]
+    batch = build_train_batch(trajs, _prompts(["g1", "g1", "g2", "g2"]), PAD, 4, BatchMeta())
+    batch = batch.replace(token_level_scores=place_scores(batch, [1.0, 0.0, 0.0, 0.0]))
+    algo = AlgorithmConfig(adv_estimator="grpo")
+    out, metrics = compute_advantages(batch, algo, kl_ctrl=None)
+    assert torch.equal(out.loss_mask, batch.response_mask)
+    expected = 1 / (2**0.5 + 1e-6)  # (1 - 0.5) / std([1, 0])
+    assert out.advantages[0].tolist() == pytest.approx([expected, 0, expected, 0], abs=1e-5)
+    assert out.advantages[2].abs().sum() == 0  # both samples of g2 got 0: no signal
+    assert "critic/advantages_mean" in metrics
+
+    unmasked, _ = compute_advantages(batch, AlgorithmConfig(adv_estimator="grpo", mask_observations=False), None)
+    assert unmasked.loss_mask[0].tolist() == [1, 1, 1, 0]  # the observation token now counts, padding does not
+    assert unmasked.advantages[0, 1] != 0
+
+
+def test_kl_in_reward_needs_logprobs_and_applies_the_penalty():
+    trajs = [_traj([1], [1, 1]), _traj([1], [1, 1])]
+    batch = build_train_batch(trajs, _prompts(["g", "g"]), PAD, 2, BatchMeta())
+    batch = batch.replace(token_level_scores=place_scores(batch, [1.0, 0.0]))
+    algo = AlgorithmConfig(adv_estimator="rloo", use_kl_in_reward=True, kl_coef=0.1)
+    with pytest.raises(ValueError, match="old_logprobs"):
+        compute_advantages(batch, algo, FixedKLController(0.1))
+    batch = batch.replace(old_logprobs=torch.full((2, 2), -1.0), ref_logprobs=torch.full((2, 2), -2.0))
+    out, metrics = compute_advantages(batch, algo, FixedKLController(0.1))
+    assert out.token_level_rewards.flatten().tolist() == pytest.approx([-0.1, 0.9, -0.1, -0.1])
+    assert metrics["actor/reward_kl_penalty"] == pytest.approx(1.0)
+
+
+def test_merged_rollout_metrics_and_reward_metrics():
+    a = RolloutResult(
+        [_traj([1], [1])] * 2, {"rollout/turns_mean": 1.0, "rollout/retriever_errors": 1.0, "timing/generate_s": 2.0}
+    )
+    b = RolloutResult(
+        [_traj([1], [1])] * 2, {"rollout/turns_mean": 3.0, "rollout/retriever_errors": 2.0, "timing/generate_s": 5.0}
+    )
+    merged = merge_rollout_metrics([a, b])
+    assert merged == {"rollout/turns_mean": 2.0, "rollout/retriever_errors": 3.0, "timing/generate_s": 5.0}
+
+    from search_rl.datatypes import RewardResult
+
+    results = [RewardResult(1.0, {"em": 1.0}), RewardResult(0.0, {"em": 0.0}), RewardResult(0.0, {"em": 0.0})]
+    m = reward_metrics(results, ["nq", "nq", "hotpotqa"], ["g1", "g1", "g2"])
+    assert m["reward/nq/em"] == 0.5 and m["reward/hotpotqa/em"] == 0.0
+    assert m["reward/groups_all_equal"] == 0.5  # g2 (one sample, or identical rewards) teaches nothing

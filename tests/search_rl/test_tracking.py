@@ -1,0 +1,88 @@
+"""Metric sinks and rollout dumps: JSONL that rewinds on resume, optional sinks, records a viewer can render.
+
+Run: python -m pytest tests/search_rl/test_tracking.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+from search_rl.datatypes import RewardResult, Segment, Trajectory, TrajectoryStats
+from search_rl.protocol import PromptBatch
+from search_rl.tracking import RolloutDumper, build_tracker, timer
+
+
+def test_jsonl_history_and_rewind(tmp_path):
+    tracker = build_tracker(["jsonl", "console"], tmp_path, 5, "p", "e", {})
+    for step in (1, 2, 3):
+        tracker.log({"reward/em": step / 10, "actor/kl_loss": float("nan")}, step)
+    tracker.rewind(1)
+    tracker.log({"reward/em": 0.9}, 2)
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(x["step"], x["reward/em"]) for x in lines] == [(1, 0.1), (2, 0.9)]
+    assert lines[0]["actor/kl_loss"] is None  # non-finite values become null
+    assert [s for s, _ in tracker.history] == [1, 2]
+
+
+def test_optional_sinks(tmp_path, monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # make `import wandb` fail
+    with pytest.raises(ImportError, match="pip install wandb"):
+        build_tracker(["wandb"], tmp_path, 1, "p", "e", {})
+    monkeypatch.setitem(sys.modules, "tensorboard", None)
+    tracker = build_tracker(["tensorboard"], tmp_path, 1, "p", "e", {})
+    assert tracker.sinks == [] and "tensorboard is not installed" in caplog.text
+
+
+def test_timer_accumulates():
+    metrics: dict[str, float] = {}
+    with timer("phase", metrics):
+        pass
+    with timer("phase", metrics):
+        pass
+    assert metrics["timing/phase_s"] >= 0
+
+
+def test_rollout_dump_records(tmp_path, tokenizer):
+    prompt = tokenizer.encode("Question?", add_special_tokens=False)
+    model, obs = tokenizer.encode("<search> x </search>"), tokenizer.encode("<information>Doc</information>")
+    answer = tokenizer.encode("<answer> y </answer>")
+    ids = model + obs + answer
+    mask = [1] * len(model) + [0] * len(obs) + [1] * len(answer)
+    a, b = len(model), len(model) + len(obs)
+    traj = Trajectory(
+        prompt_ids=torch.tensor(prompt),
+        response_ids=torch.tensor(ids),
+        response_mask=torch.tensor(mask),
+        rollout_logprobs=torch.zeros(len(ids)),
+        segments=(
+            Segment("model", 0, a, "<search> x </search>"),
+            Segment("observation", a, b, "<information>Doc"),
+            Segment("model", b, len(ids), "<answer> y </answer>"),
+        ),
+        final_answer="y",
+        stop_reason="answer",
+        stats=TrajectoryStats(turns=2, searches=1),
+    )
+    prompts = PromptBatch((tuple(prompt),) * 2, ("u1", "u1"), ("nq", "nq"), (("y",),) * 2, ("Question?",) * 2, (7, 7))
+    path = RolloutDumper(tmp_path, tokenizer).dump(
+        "train",
+        3,
+        prompts,
+        [traj, traj],
+        [RewardResult(1.0, {"em": 1.0})] * 2,
+        advantages=[0.5, -0.5],
+        weight_version=2,
+    )
+    assert path.name == "train_step_000003.jsonl"
+    records = [json.loads(x) for x in path.read_text().splitlines()]
+    first = records[0]
+    assert [r["sample"] for r in records] == [0, 1]
+    assert first["mask_spans"] == [[0, a], [b, len(ids)]]
+    assert first["response"] == tokenizer.decode(ids) and first["prompt"] == "Question?"
+    assert first["gold"] == ["y"] and first["reward"] == 1.0 and first["advantage"] == 0.5
+    assert first["stats"]["searches"] == 1 and first["weight_version"] == 2 and first["model_tokens"] == sum(mask)
+    assert [s["kind"] for s in first["segments"]] == ["model", "observation", "model"]

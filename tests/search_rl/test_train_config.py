@@ -1,0 +1,184 @@
+"""Trainer configuration: Hydra composition into typed dataclasses, and every error caught before Ray starts.
+
+Unknown keys and wrong types fail at compose time; out-of-range fields in ``__post_init__``; cross-field problems
+(length budgets against the model's context, batch sizes against workers, group estimators without groups) in
+``PPOConfig.validate``, called by ``main_ppo.prepare``. The CLI tests check the same through
+``python -m search_rl.main_ppo``: a clear message, a non-zero exit, and no Ray started.
+
+Run: python -m pytest tests/search_rl/test_train_config.py -q
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hydra.errors import ConfigCompositionException
+
+from retriever_server.launcher import free_port
+from search_rl import main_eval, train_config
+from search_rl.main_ppo import prepare
+from search_rl.train_config import CONFIG_DIR, ConfigError, PPOConfig, load_config
+
+REPO = Path(__file__).resolve().parents[2]
+MY_YAMLS = ["ppo_trainer.yaml", "eval.yaml", "model", "algorithm", "rollout", "data", "retriever", "trainer"]
+
+
+def test_defaults_are_ppo_with_critic_and_grpo_switches():
+    cfg = load_config([])
+    assert isinstance(cfg, PPOConfig)
+    assert (cfg.algorithm.adv_estimator, cfg.use_critic, cfg.n_samples, cfg.use_reference) == ("gae", True, 1, True)
+    assert cfg.model.path == "smollm2-135m-instruct" and cfg.retriever.urls == ["http://127.0.0.1:8000"]
+    assert cfg.actor_rollout_ref.rollout.max_turns == 4 and cfg.trainer.default_local_dir == "runs/default"
+    grpo = load_config(["algorithm=grpo", "max_turns=2", "do_search=false"])
+    assert (grpo.algorithm.adv_estimator, grpo.use_critic, grpo.n_samples) == ("grpo", False, 4)
+    assert (grpo.actor_rollout_ref.rollout.max_turns, grpo.actor_rollout_ref.rollout.do_search) == (2, False)
+    switched = load_config(["algorithm.adv_estimator=grpo"])  # the Search-R1 way of switching works too
+    assert (switched.use_critic, switched.n_samples) == (False, 4)
+    assert load_config(["trainer=gpu"]).trainer.device == "cuda"
+
+
+def test_unknown_key_and_wrong_type_fail_at_compose():
+    with pytest.raises(ConfigCompositionException, match="Could not override 'trainer.totl_training_steps'"):
+        load_config(["trainer.totl_training_steps=3"])
+    with pytest.raises(ConfigCompositionException) as info:
+        load_config(["trainer.total_training_steps=three"])
+    assert "could not be converted to Integer" in str(info.value.__cause__)
+    with pytest.raises(ConfigCompositionException):
+        load_config(["algorithm.mask_observations=maybe"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (["actor_rollout_ref.rollout.max_turn_tokens=2000"], "max_turn_tokens=2000 exceeds"),
+        (["algorithm.adv_estimator=nope"], "adv_estimator='nope' is not usable"),
+        (["trainer.n_workers=0"], "n_workers must be >= 1"),
+        (["trainer.logger=[console,slack]"], "unknown sinks \\['slack'\\]"),
+        (["trainer.resume=/no/such/checkpoint"], "neither 'auto', 'disable'"),
+        (["model.dtype=float8"], "model.dtype must be one of"),
+    ],
+)
+def test_out_of_range_fields(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        load_config(overrides)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (["algorithm=grpo", "actor_rollout_ref.rollout.n=1"], "set it to 2 or more"),
+        (["data.train_batch_size=6"], "not a multiple of actor_rollout_ref.actor.ppo_mini_batch_size=4"),
+        (["trainer.n_workers=3"], "cannot be split evenly over trainer.n_workers=3"),
+        (["algorithm.adv_estimator=gae", "critic.enable=false"], "needs a critic"),
+    ],
+)
+def test_cross_field_checks(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(overrides).validate(max_model_len=8192)
+
+
+def test_impossible_length_budget_is_caught_by_prepare_before_anything_starts():
+    cfg = load_config(
+        [
+            "model=tiny",
+            "actor_rollout_ref.rollout.max_prompt_tokens=3500",
+            "actor_rollout_ref.rollout.max_response_tokens=1024",
+            "retriever.url=http://127.0.0.1:9",
+        ]
+    )
+    with pytest.raises(ConfigError, match="impossible length budget: .* = 4524 exceeds the model's context of 4096"):
+        prepare(cfg)
+
+
+def _yaml_files() -> list[Path]:
+    out = []
+    for name in MY_YAMLS:
+        path = CONFIG_DIR / name
+        out += sorted(path.glob("*.yaml")) if path.is_dir() else [path]
+    return out
+
+
+def test_every_yaml_key_has_a_comment_above_and_no_inline_comment():
+    key = re.compile(r"^\s*(- )?[A-Za-z_][\w./@-]*:")
+    problems = []
+    for path in _yaml_files():
+        previous = ""
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            stripped = line.strip()
+            if not stripped:
+                continue
+            if key.match(line) and not previous.startswith("#"):
+                problems.append(f"{path.name}:{number} no comment above {stripped!r}")
+            if not stripped.startswith("#") and re.search(r"\s#", line):
+                problems.append(f"{path.name}:{number} inline comment")
+            previous = stripped
+    assert not problems, "\n".join(problems)
+
+
+def test_every_field_has_an_attribute_docstring():
+    checked = 0
+    for module in (train_config, main_eval):
+        tree = ast.parse(inspect.getsource(module))
+        for node in tree.body:
+            cls = getattr(module, getattr(node, "name", ""), None)
+            if not (isinstance(node, ast.ClassDef) and node.name.endswith("Config") and dataclasses.is_dataclass(cls)):
+                continue
+            documented = {
+                a.target.id
+                for a, nxt in zip(node.body, node.body[1:], strict=False)
+                if isinstance(a, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+            }
+            own = {f.name for f in dataclasses.fields(cls)} - {
+                f.name for b in cls.__bases__ if dataclasses.is_dataclass(b) for f in dataclasses.fields(b)
+            }
+            assert own <= documented, f"{cls.__name__}: {sorted(own - documented)}"
+            checked += 1
+    assert checked >= 12
+
+
+def _leaf_keys(obj: object, prefix: str = "") -> list[str]:
+    if dataclasses.is_dataclass(obj):
+        return [k for f in dataclasses.fields(obj) for k in _leaf_keys(getattr(obj, f.name), f"{prefix}{f.name}.")]
+    return [prefix.rstrip(".")]
+
+
+def test_docs_reference_every_trainer_key():
+    docs = (REPO / "docs" / "training.md").read_text()
+    missing = [k for k in _leaf_keys(load_config([])) if f"`{k}`" not in docs]
+    assert not missing, f"docs/training.md does not list {missing}"
+
+
+def _run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "search_rl.main_ppo", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO
+    )
+
+
+@pytest.mark.integration
+def test_cli_unknown_key_fails_before_ray():
+    start = time.monotonic()
+    proc = _run_cli("model=tiny", "trainer.totl_training_steps=1")
+    assert proc.returncode != 0
+    assert "Could not override 'trainer.totl_training_steps'" in proc.stderr + proc.stdout
+    assert "Started a local Ray instance" not in proc.stderr + proc.stdout
+    assert time.monotonic() - start < 60
+
+
+@pytest.mark.integration
+def test_cli_unreachable_retriever_fails_fast_saying_how_to_start_it(tmp_path):
+    port = free_port()
+    proc = _run_cli(
+        "model=tiny", f"retriever.url=http://127.0.0.1:{port}/retrieve", f"trainer.default_local_dir={tmp_path}"
+    )
+    out = proc.stderr + proc.stdout
+    assert proc.returncode == 2, out
+    assert f"retriever at http://127.0.0.1:{port} is not reachable" in out
+    assert "uvicorn retriever_server.app:app" in out and "Started a local Ray instance" not in out

@@ -1,0 +1,193 @@
+"""End to end on CPU: the trainer on Ray with 2 data-parallel workers, the tiny random Llama and a real BM25 server.
+
+- PPO (GAE, critic) for 3 steps: finite losses, the actor and the critic change, validation per data source,
+  checkpoints, metrics and rollout dumps on disk, the engines serve weight version ``step - 1`` each step.
+- GRPO for 2 steps (4 samples per prompt, no critic).
+- Kill and resume: a run dies in the middle of step 3 (after the step-2 checkpoint; its workers are killed), a new
+  run with ``trainer.resume=auto`` continues, and its step-3 metrics equal the uninterrupted run's.
+
+The random model never answers, so a test reward (``test_e2e_checksum``: a checksum of the sampled tokens, varied
+within groups) gives the advantages something to work with.
+
+Run: python -m pytest tests/search_rl/test_train_e2e.py -q   (about 2-3 minutes on 2 cores)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from search_rl.datatypes import GroundTruth, RewardResult, Trajectory
+from search_rl.main_ppo import build_trainer, build_workers, prepare, run
+from search_rl.models import build_tiny_model, load_model
+from search_rl.reward import REWARDS
+from search_rl.reward.registry import qa_components
+from search_rl.train_config import load_config
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.integration]
+
+TEST_REWARD = "test_e2e_checksum"
+NOISY_KEYS = ("timing/", "perf/tokens_per_s", "perf/actor_update_tokens_per_s", "rollout/gen_tokens_per_s")
+
+
+def checksum_reward(trajectory: Trajectory, ground_truth: GroundTruth) -> RewardResult:
+    """A deterministic reward in {0, 0.25, .., 1} from the sampled token ids (varies between samples)."""
+    sampled = trajectory.response_ids[trajectory.response_mask == 1]
+    return RewardResult((int(sampled.sum()) % 5) / 4, qa_components(trajectory, ground_truth))
+
+
+if TEST_REWARD not in REWARDS:
+    REWARDS.register(TEST_REWARD)(checksum_reward)
+
+
+def _overrides(run_dir: Path, url: str, *extra: str) -> list[str]:
+    return [
+        "model=tiny",
+        f"retriever.url={url}",
+        f"trainer.default_local_dir={run_dir}",
+        "trainer.n_workers=2",
+        "trainer.torch_threads_per_worker=1",
+        "trainer.cpus_per_worker=0.25",
+        "trainer.logger=[jsonl]",
+        "trainer.max_ckpt_to_keep=0",
+        "trainer.worker_timeout_s=300",
+        "max_turns=2",
+        "actor_rollout_ref.rollout.max_turn_tokens=24",
+        "actor_rollout_ref.rollout.max_obs_tokens=96",
+        "actor_rollout_ref.rollout.max_response_tokens=160",
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        "critic.optim.lr=1e-3",
+        "algorithm.entropy_coeff=0.01",
+        "data.val_max_samples=4",
+        f"reward.default={TEST_REWARD}",
+        f"+reward.by_data_source.nq={TEST_REWARD}",
+        f"+reward.by_data_source.hotpotqa={TEST_REWARD}",
+        *extra,
+    ]
+
+
+PPO = (
+    "trainer.total_training_steps=3",
+    "trainer.save_freq=2",
+    "trainer.test_freq=2",
+    "data.train_batch_size=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+)
+
+
+def _metrics(run_dir: Path) -> dict[int, dict[str, float]]:
+    return {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+
+
+def _changed(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> bool:
+    return any(not torch.equal(before[k], after[k]) for k in before if k in after)
+
+
+@pytest.fixture(scope="module")
+def ppo_run(ray_local, retriever_url, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("ppo")
+    history = run(load_config(_overrides(run_dir, retriever_url, *PPO)))
+    return run_dir, dict(history)
+
+
+def test_ppo_with_critic_trains_on_two_workers(ppo_run, tokenizer):
+    run_dir, history = ppo_run
+    assert sorted(history) == [1, 2, 3]
+    for step, m in history.items():
+        for key in ("actor/loss", "actor/pg_loss", "actor/entropy", "critic/vf_loss", "actor/grad_norm"):
+            assert math.isfinite(m[key]), (step, key)
+        assert m["rollout/weight_version"] == step - 1  # each step samples with the previous step's weights
+        assert m["actor/reward_kl_penalty_coeff"] == pytest.approx(0.001)
+        assert {"reward/nq/score", "timing/rollout_s", "timing/update_critic_s", "perf/tokens_per_s"} <= set(m)
+    assert any(m["actor/grad_norm"] > 0 for m in history.values())
+    assert {"val/all/em", "val/nq/answer_rate", "val/all/searches"} <= set(history[2])
+    assert sorted(_metrics(run_dir)) == [1, 2, 3]
+
+    ckpt = run_dir / "global_step_2"
+    assert {p.name for p in ckpt.iterdir()} == {
+        "actor",
+        "actor_optim.pt",
+        "critic",
+        "critic_optim.pt",
+        "trainer_state.pt",
+    }
+    assert (run_dir / "global_step_3").is_dir() and (run_dir / ".hydra").exists() is False
+    trained = load_model(str(ckpt / "actor")).state_dict()
+    assert _changed(build_tiny_model(tokenizer, seed=0).state_dict(), trained)
+    from safetensors.torch import load_file
+
+    head = load_file(str(ckpt / "critic" / "model.safetensors"))["value_head.weight"]
+    assert head.abs().sum() > 0  # the critic's zero-initialised head learned
+
+    dumps = sorted(p.name for p in (run_dir / "rollouts").iterdir())
+    assert dumps == [
+        "train_step_000001.jsonl",
+        "train_step_000002.jsonl",
+        "train_step_000003.jsonl",
+        "val_step_000002.jsonl",
+        "val_step_000003.jsonl",
+    ]
+    record = json.loads((run_dir / "rollouts" / "train_step_000002.jsonl").read_text().splitlines()[0])
+    assert record["weight_version"] == 1 and record["mask_spans"] and record["advantage"] is not None
+
+
+def test_grpo_trains_on_two_workers(ray_local, retriever_url, tmp_path):
+    cfg = load_config(
+        _overrides(
+            tmp_path,
+            retriever_url,
+            "algorithm=grpo",
+            "trainer.total_training_steps=2",
+            "trainer.save_freq=0",
+            "trainer.test_freq=0",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        )
+    )
+    assert (cfg.n_samples, cfg.use_critic) == (4, False)
+    history = dict(run(cfg))
+    assert sorted(history) == [1, 2]
+    for m in history.values():
+        assert math.isfinite(m["actor/loss"]) and math.isfinite(m["actor/kl_loss"])
+        assert "critic/vf_loss" not in m and 0 <= m["reward/groups_all_equal"] <= 1
+    assert history[2]["actor/kl_loss"] > 0  # the policy moved away from the reference
+    assert not list(tmp_path.glob("global_step_*"))
+
+
+def test_killed_run_resumes_and_reproduces_the_next_step(ppo_run, retriever_url, tmp_path):
+    reference_dir, reference = ppo_run
+    cfg = load_config(_overrides(tmp_path, retriever_url, *PPO))
+    prepared = prepare(cfg)
+    actor, critic = build_workers(cfg, "cpu")
+    trainer = build_trainer(cfg, prepared, actor, critic)
+    update_actor = trainer.update_actor
+
+    def dies_in_step_3(batch):
+        if trainer.step == 3:
+            raise RuntimeError("killed in the middle of step 3")
+        return update_actor(batch)
+
+    trainer.update_actor = dies_in_step_3
+    try:
+        with pytest.raises(RuntimeError, match="killed in the middle of step 3"):
+            trainer.fit()
+    finally:
+        actor.shutdown()  # the worker processes die with whatever they held
+        critic.shutdown()
+    assert sorted(_metrics(tmp_path)) == [1, 2] and not (tmp_path / "global_step_3").exists()
+
+    resumed = dict(run(load_config(_overrides(tmp_path, retriever_url, *PPO, "trainer.resume=auto"))))
+    assert sorted(resumed) == [3]
+    expected = {k: v for k, v in reference[3].items() if not k.startswith(NOISY_KEYS)}
+    got = {k: v for k, v in resumed[3].items() if not k.startswith(NOISY_KEYS)}
+    assert got.keys() == expected.keys()
+    mismatched = {
+        k: (got[k], expected[k]) for k in expected if got[k] != pytest.approx(expected[k], rel=1e-6, abs=1e-9)
+    }
+    assert not mismatched
+    assert sorted(_metrics(tmp_path)) == [1, 2, 3]

@@ -1,0 +1,160 @@
+"""Actor and critic workers in-process (world size 1, no Ray): log-prob alignment, update invariances, checkpoints.
+
+- Log-probs recomputed by the actor equal the engine's sampling log-probs on every model token: the forward pass
+  (trimmed micro-batches, ``logits_to_keep``) is aligned with the rollout token for token.
+- Gradient accumulation is exact: micro-batches of 1 and of 4 give the same gradient (token-mean weighting).
+- Data parallelism is exact: two gloo ranks with half the batch each give the single-process gradient.
+- A checkpoint restores the actor, the critic and their optimizers exactly.
+
+Run: python -m pytest tests/search_rl/workers/test_workers_local.py -q
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from search_rl.algorithms import AlgorithmConfig
+from search_rl.config import RetrieverClientConfig
+from search_rl.data import PromptDataset, read_rows
+from search_rl.protocol import BatchMeta, TrainBatch
+from search_rl.steps import build_train_batch, compute_advantages, place_scores
+from search_rl.train_config import ActorConfig, CriticConfig, ModelConfig, OptimConfig, RefConfig, TrainRolloutConfig
+from search_rl.workers import WorkerSpec
+from search_rl.workers.actor_rollout_ref import ActorRolloutRefWorker
+from search_rl.workers.critic import CriticWorker
+
+ALGO = AlgorithmConfig(adv_estimator="grpo", use_kl_loss=True, entropy_coeff=0.01)
+ROLLOUT = TrainRolloutConfig(n=2, max_turns=1, max_turn_tokens=16, max_obs_tokens=96, max_response_tokens=96)
+
+
+def _actor(micro: int = 2, mini: int = 4, rank: int = 0, world: int = 1) -> ActorRolloutRefWorker:
+    worker = ActorRolloutRefWorker(
+        WorkerSpec(rank=rank, world_size=world, torch_threads=1, seed=0),
+        ModelConfig(path="tiny"),
+        ActorConfig(
+            optim=OptimConfig(lr=1e-3), ppo_mini_batch_size=mini, ppo_micro_batch_size_per_gpu=micro, shuffle=False
+        ),
+        ROLLOUT,
+        RefConfig(),
+        ALGO,
+        RetrieverClientConfig(url="http://127.0.0.1:9"),  # never called: the random model never writes a valid search
+    )
+    return worker
+
+
+@pytest.fixture(scope="module")
+def rollout_batch(tokenizer) -> TrainBatch:
+    """8 samples (4 prompts x 2) from the tiny model: random turns, invalid-action feedback inserted with mask 0."""
+    worker = _actor()
+    worker.init_distributed("127.0.0.1", 0)
+    prompts = PromptDataset(read_rows(["data/datasets/nq_hotpotqa_mini/train.parquet"])[:4], tokenizer, 512, False)
+    batch_prompts = prompts.batch(range(4)).repeat_interleave(2)
+    result = worker.generate(batch_prompts, False, 123)
+    batch = build_train_batch(result.trajectories, batch_prompts, tokenizer.pad_token_id, 96, BatchMeta(step=1))
+    scores = [float(i % 3 == 0) for i in range(8)]
+    batch = batch.replace(token_level_scores=place_scores(batch, scores))
+    old, _ = worker.compute_log_prob(batch)
+    batch = batch.replace(old_logprobs=old, ref_logprobs=worker.compute_ref_log_prob(batch))
+    return compute_advantages(batch, ALGO, None)[0]
+
+
+def test_recomputed_logprobs_match_the_engine(rollout_batch):
+    mask = rollout_batch.response_mask.bool()
+    assert (~mask & rollout_batch.response_attention_mask.bool()).any(), "the rollout should contain observations"
+    torch.testing.assert_close(
+        rollout_batch.old_logprobs[mask], rollout_batch.rollout_logprobs[mask], atol=2e-4, rtol=1e-4
+    )
+    torch.testing.assert_close(rollout_batch.ref_logprobs, rollout_batch.old_logprobs)
+
+
+def _gradients(worker: ActorRolloutRefWorker, batch: TrainBatch) -> list[torch.Tensor]:
+    """Run an actor update and return the gradients of every optimizer step, in order."""
+    if worker.trainable is None:
+        worker.init_distributed("127.0.0.1", 0)
+    trainable = worker.trainable
+    assert trainable is not None
+    captured: list[torch.Tensor] = []
+    trainable.optimizer.register_step_pre_hook(lambda *_: captured.extend(p.grad.clone() for p in trainable.params))
+    worker.update_actor(batch, step=1)
+    return captured
+
+
+def test_micro_batches_accumulate_to_the_same_gradient(rollout_batch):
+    # two mini-batches of 2 prompts x 2 samples: two optimizer steps, of 4 and of 1 micro-batch(es) each
+    one = _gradients(_actor(micro=1, mini=2), rollout_batch)
+    four = _gradients(_actor(micro=4, mini=2), rollout_batch)
+    assert len(one) == len(four) > 0
+    for a, b in zip(one, four, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank_gradients(rank: int, port: int, batch: TrainBatch, out: dict) -> None:
+    worker = _actor(micro=1, mini=4, rank=rank, world=2)
+    worker.init_distributed("127.0.0.1", port)
+    shard = batch.split(2)[rank]
+    out[rank] = [g.clone() for g in _gradients(worker, shard)]
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_give_the_single_process_gradient(rollout_batch):
+    # one optimizer step over all 8 samples: one process with micro-batches of 2, or two ranks with 4 samples each
+    single = _gradients(_actor(micro=2, mini=4), rollout_batch)
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as manager:
+        out = manager.dict()
+        port = _free_port()
+        procs = [ctx.Process(target=_rank_gradients, args=(r, port, rollout_batch, out)) for r in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=240)
+        assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+        ranks = dict(out)
+    assert len(ranks[0]) == len(ranks[1]) == len(single)
+    for a, b, ref in zip(ranks[0], ranks[1], single, strict=True):
+        torch.testing.assert_close(a, b)  # replicas stay in sync
+        torch.testing.assert_close(a, ref, rtol=1e-4, atol=1e-6)
+
+
+def test_critic_values_and_update(rollout_batch):
+    critic = CriticWorker(
+        WorkerSpec(rank=0, world_size=1, torch_threads=1),
+        ModelConfig(path="tiny"),
+        CriticConfig(optim=OptimConfig(lr=1e-2), ppo_mini_batch_size=4),
+        ALGO,
+        n_samples=2,
+    )
+    critic.init_distributed("127.0.0.1", 0)
+    values = critic.compute_values(rollout_batch)
+    assert values.shape == rollout_batch.response_ids.shape and values.abs().sum() == 0  # zero-initialised head
+    batch = rollout_batch.replace(values=values, returns=torch.ones_like(values) * rollout_batch.loss_mask)
+    metrics = critic.update_critic(batch, step=1)
+    assert metrics["critic/vf_loss"] > 0 and metrics["critic/grad_norm"] > 0
+    assert critic.compute_values(batch).abs().sum() > 0
+
+
+def test_checkpoint_round_trip(rollout_batch, tmp_path):
+    a = _actor()
+    a.init_distributed("127.0.0.1", 0)
+    a.update_actor(rollout_batch, step=1)
+    a.save_checkpoint(str(tmp_path))
+    assert (tmp_path / "actor" / "config.json").is_file() and (tmp_path / "actor" / "tokenizer_config.json").is_file()
+    b = _actor()
+    b.init_distributed("127.0.0.1", 0)
+    b.load_checkpoint(str(tmp_path))
+    for (name, pa), pb in zip(a.policy.state_dict().items(), b.policy.state_dict().values(), strict=True):
+        assert torch.equal(pa, pb), name
+    # both continue identically: same optimizer state
+    ma, mb = a.update_actor(rollout_batch, step=2), b.update_actor(rollout_batch, step=2)
+    assert ma == mb
+    assert b.sync_weights(2) == 2
