@@ -219,7 +219,8 @@ class RewardConfig:
     default: str = "qa_em"
     """Reward of a data source with no entry below and no built-in choice (exact match)."""
     by_data_source: dict[str, str] = field(default_factory=dict)
-    """Overrides per data source, e.g. ``{nq: qa_f1}``; values are registry names or ``pkg.module:function``."""
+    """Overrides per data source; values are registry names or ``pkg.module:function``. Set one from the command
+    line with ``+reward.by_data_source.nq=qa_f1`` (new dict keys need Hydra's ``+``)."""
 
 
 @dataclass

@@ -156,11 +156,12 @@ class ActorRolloutRefWorker:
         """Roll out this worker's prompts with search; greedy for validation."""
         assert self.manager is not None, "init_distributed first"
         rank_seed = seed + SEED_STRIDE_PER_RANK * self.spec.rank
+        client = self.manager.retriever
+        retries_before = client.retries if isinstance(client, RetrieverClient) else 0
         with torch.no_grad():
             result = self.manager.generate([list(p) for p in prompts.prompt_ids], greedy=greedy, seed=rank_seed)
-        client = self.manager.retriever
         if isinstance(client, RetrieverClient):
-            result.metrics["rollout/retriever_retries"] = float(client.retries)
+            result.metrics["rollout/retriever_retries"] = float(client.retries - retries_before)
         return result
 
     def sync_weights(self, version: int) -> int:
