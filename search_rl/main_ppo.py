@@ -138,12 +138,24 @@ def build_workers(cfg: PPOConfig, device: str, local: bool = False) -> tuple[Wor
         if cfg.use_critic:
             groups.append(LocalWorkerGroup(CriticWorker, specs[0], **critic_kwargs))
     else:
-        ray_args = dict(
-            num_cpus=t.cpus_per_worker, num_gpus=1.0 if device == "cuda" else 0.0, timeout_s=t.worker_timeout_s
-        )
-        groups.append(WorkerGroup(ActorRolloutRefWorker, specs, name="actor", **ray_args, **actor_kwargs))
-        if cfg.use_critic:
-            groups.append(WorkerGroup(CriticWorker, specs, name="critic", **ray_args, **critic_kwargs))
+        gpus = 1.0 if device == "cuda" else 0.0
+        for cls, name, kwargs in (
+            (ActorRolloutRefWorker, "actor", actor_kwargs),
+            (CriticWorker, "critic", critic_kwargs),
+        ):
+            if cls is CriticWorker and not cfg.use_critic:
+                continue
+            groups.append(
+                WorkerGroup(
+                    cls,
+                    specs,
+                    name=name,
+                    num_cpus=t.cpus_per_worker,
+                    num_gpus=gpus,
+                    timeout_s=t.worker_timeout_s,
+                    **kwargs,
+                )
+            )
     for group in groups:  # constructors of both groups have been running concurrently; now rendezvous
         group.start()
     return groups[0], (groups[1] if cfg.use_critic else None)

@@ -88,7 +88,7 @@ def compute_advantages(
     batch.require("token_level_scores")
     assert batch.token_level_scores is not None
     loss_mask = loss_mask_for(batch.response_mask, batch.attention_mask, algo)  # (B, T)
-    rewards, metrics = batch.token_level_scores, {}
+    rewards, metrics = batch.token_level_scores, dict[str, float]()
     if algo.use_kl_in_reward:
         batch.require("old_logprobs", "ref_logprobs")
         if kl_ctrl is None:

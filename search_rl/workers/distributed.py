@@ -160,5 +160,6 @@ def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor], spec:
         raise ValueError(
             f"checkpoint does not fit the model: missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}"
         )
-    if tied and hasattr(model, "tie_weights"):
-        model.tie_weights()
+    tie = getattr(model, "tie_weights", None)
+    if tied and callable(tie):
+        tie()

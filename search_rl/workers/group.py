@@ -55,9 +55,9 @@ class WorkerGroup:
 
         self._ray = ray
         self.worker_cls, self.name, self.timeout_s = worker_cls, name, timeout_s
-        remote_cls = ray.remote(worker_cls)
+        remote_cls: Any = ray.remote(worker_cls)
         # Constructors run in the background; ``start`` waits for them, so several groups load their models at once.
-        self.workers = [
+        self.workers: list[Any] = [
             remote_cls.options(num_cpus=num_cpus, num_gpus=num_gpus).remote(spec, **init_kwargs) for spec in specs
         ]
 

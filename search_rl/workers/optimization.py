@@ -131,10 +131,10 @@ class TrainableModel:
         average_gradients(self.params, self.spec)
         max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
         if self.spec.use_fsdp:
-            norm = self.model.clip_grad_norm_(max_norm)  # type: ignore[operator]
+            norm = float(self.model.clip_grad_norm_(max_norm))  # type: ignore[operator]
         else:
-            norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
-        return float(norm)
+            norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        return norm
 
     def optimizer_state(self) -> dict[str, object]:
         """Optimizer and schedule state (unsharded under FSDP; every rank must call it)."""
@@ -151,7 +151,7 @@ class TrainableModel:
         if self.spec.use_fsdp:
             from torch.distributed.fsdp import FullyShardedDataParallel
 
-            optim = FullyShardedDataParallel.optim_state_dict_to_load(self.model, self.optimizer, optim)
+            optim = FullyShardedDataParallel.optim_state_dict_to_load(self.model, self.optimizer, optim)  # type: ignore[arg-type]
         self.optimizer.load_state_dict(optim)  # type: ignore[arg-type]
         self.scheduler.load_state_dict(state["scheduler"])  # type: ignore[arg-type]
 
