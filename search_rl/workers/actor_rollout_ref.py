@@ -168,7 +168,7 @@ class ActorRolloutRefWorker:
         """Push the trained weights to the rollout engine and record ``version``; returns the engine's version."""
         assert self.engine is not None
         if self.spec.use_fsdp or self.rollout_cfg.engine == "vllm":
-            state = D.full_state_dict(self.module, self.spec)
+            state = D.full_state_dict(self.module, self.spec, rank0_only=False)  # every rank's engine needs them
             self.engine.update_weights(state.items(), version)
         else:  # the engine generates with the trained module itself: nothing to copy
             self.engine.update_weights((), version)

@@ -135,13 +135,14 @@ def unwrap(model: nn.Module) -> nn.Module:
     return getattr(model, "module", model) if type(model).__name__ == "FullyShardedDataParallel" else model
 
 
-def full_state_dict(model: nn.Module, spec: WorkerSpec) -> dict[str, torch.Tensor]:
-    """Every parameter and buffer, unsharded, on CPU (all ranks must call it under FSDP; rank 0 gets them)."""
+def full_state_dict(model: nn.Module, spec: WorkerSpec, rank0_only: bool = True) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer, unsharded, on CPU. Under FSDP all ranks must call it; with ``rank0_only`` the
+    others get an empty dict (checkpoints), else every rank gets the full weights (engine sync)."""
     if not spec.use_fsdp:
         return {k: v.detach() for k, v in model.state_dict().items()}
     from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel, StateDictType
 
-    cfg = FullStateDictConfig(offload_to_cpu=True, rank0_only=True)
+    cfg = FullStateDictConfig(offload_to_cpu=True, rank0_only=rank0_only)
     with FullyShardedDataParallel.state_dict_type(model, StateDictType.FULL_STATE_DICT, cfg):
         return dict(model.state_dict())
 
