@@ -1,0 +1,128 @@
+"""Training curves of a run as PNGs: ``python -m search_rl.tools.plot_metrics RUN_DIR [--out DIR]``.
+
+Reads ``<run>/metrics.jsonl`` (docs/training.md lists the keys) and writes one PNG per panel to ``<run>/plots/``:
+reward and EM per data source, KL, entropy, response length, searches per trajectory, and time per phase. Panels whose
+metrics are absent (no critic, no validation) are skipped. Uses matplotlib's Agg backend: no display needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+Series = dict[str, list[tuple[int, float]]]
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One PNG: a title and a predicate choosing the metric keys drawn on it."""
+
+    name: str
+    title: str
+    ylabel: str
+    select: Callable[[str], bool]
+
+
+def _matches(pattern: str) -> Callable[[str], bool]:
+    rx = re.compile(pattern)
+    return lambda key: rx.fullmatch(key) is not None
+
+
+PANELS = (
+    Panel("reward", "Reward and EM (train, per source)", "score",
+          _matches(r"reward/(score_mean|em|[^/]+/score|[^/]+/em)")),
+    Panel("validation", "Validation EM (greedy, per source)", "EM", _matches(r"val/[^/]+/em")),
+    Panel("kl", "KL to the reference / between updates", "nats",
+          _matches(r"actor/(kl_loss|ppo_kl|reward_kl_penalty)")),
+    Panel("entropy", "Policy entropy (model tokens)", "nats", _matches(r"actor/entropy(_rollout)?")),
+    Panel("response_length", "Response length", "tokens", _matches(r"response_length/(mean|model_tokens_mean|max)")),
+    Panel("searches", "Searches and turns per trajectory", "count",
+          _matches(r"rollout/(searches_mean|turns_mean|valid_action_rate|answer_rate)")),
+    Panel("timing", "Time per phase", "seconds", lambda k: k.startswith("timing/") and k != "timing/step_s"),
+    Panel("losses", "Losses", "loss", _matches(r"actor/(pg_loss|loss)|critic/vf_loss")),
+)
+"""The panels, in the order of the summary."""
+
+
+def read_metrics(path: Path) -> Series:
+    """``metrics.jsonl`` as ``{key: [(step, value), ...]}`` (null values are skipped).
+
+    Raises:
+        FileNotFoundError: no such file (is the run's ``trainer.logger`` missing ``jsonl``?).
+    """
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: plots need trainer.logger to include jsonl")
+    series: Series = {}
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        step = int(record.pop("step"))
+        for key, value in record.items():
+            if isinstance(value, int | float):
+                series.setdefault(key, []).append((step, float(value)))
+    return series
+
+
+def plot_panel(series: Series, panel: Panel, out: Path) -> Path | None:
+    """Draw the keys ``panel`` selects into ``out/<name>.png``; None when the run has none of them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = sorted(k for k in series if panel.select(k))
+    if not keys:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    for key in keys:
+        steps, values = zip(*series[key], strict=True)
+        ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=key)
+    ax.set_title(panel.title)
+    ax.set_xlabel("step")
+    ax.set_ylabel(panel.ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    path = out / f"{panel.name}.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_run(run_dir: Path, out: Path | None = None) -> list[Path]:
+    """Render every panel of ``run_dir``'s metrics; returns the PNGs written (to ``<run>/plots`` by default)."""
+    series = read_metrics(run_dir / "metrics.jsonl")
+    out = out or run_dir / "plots"
+    out.mkdir(parents=True, exist_ok=True)
+    written = [p for panel in PANELS if (p := plot_panel(series, panel, out)) is not None]
+    logger.info("wrote %d plots to %s", len(written), out)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run_dir", type=Path, help="a run folder holding metrics.jsonl")
+    ap.add_argument("--out", type=Path, default=None, help="output folder (default: RUN_DIR/plots)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        paths = plot_run(args.run_dir, args.out)
+    except FileNotFoundError as e:
+        logger.error("%s", e)
+        return 2
+    for p in paths:
+        logger.info("  %s", p)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
