@@ -1,0 +1,144 @@
+"""One pasteable environment report for bug reports: ``python -m search_rl.tools.diagnose [--retriever-url URL]``.
+
+Sections: versions (Python, torch, transformers, Ray, FAISS, vLLM and the rest of the stack), hardware (CPU cores,
+memory, CUDA devices), Ray (``ray status`` of a running cluster, if any), the retriever (reachability and the index
+``/health`` reports), and the caches (converted models, built indexes). Never fails: every probe reports its own
+error. Output is Markdown, so it renders in a GitHub issue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+logger = logging.getLogger(__name__)
+
+PACKAGES = (
+    "search-rl", "torch", "transformers", "ray", "faiss-cpu", "faiss-gpu", "vllm", "sentence-transformers", "bm25s",
+    "fastapi", "uvicorn", "httpx", "pydantic", "hydra-core", "omegaconf", "numpy", "pandas", "pyarrow", "gguf",
+    "textual", "matplotlib", "tensorboard", "wandb",
+)
+"""Distributions whose versions the report lists ("not installed" when absent)."""
+
+
+def versions() -> list[str]:
+    """``- name: version`` lines for Python, the OS and ``PACKAGES``."""
+    lines = [f"- python: {sys.version.split()[0]} ({sys.executable})", f"- platform: {platform.platform()}"]
+    for name in PACKAGES:
+        try:
+            lines.append(f"- {name}: {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            lines.append(f"- {name}: not installed")
+    return lines
+
+
+def hardware() -> list[str]:
+    """CPU cores (machine and usable), memory, and CUDA devices as torch sees them."""
+    lines = [f"- cpu: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+             f"{len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else '?'} usable"]
+    try:
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+        lines.append(f"- memory: {pages * size / 2**30:.1f} GiB")
+    except (ValueError, OSError, AttributeError):
+        lines.append("- memory: unknown")
+    try:
+        import torch
+
+        lines.append(f"- torch threads: {torch.get_num_threads()}; CUDA available: {torch.cuda.is_available()}"
+                     f" (build {torch.version.cuda or 'cpu'})")
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            lines.append(f"- cuda:{i}: {p.name}, {p.total_memory / 2**30:.1f} GiB")
+    except Exception as e:  # a broken torch install is exactly what this report must show
+        lines.append(f"- torch: cannot import ({type(e).__name__}: {e})")
+    return lines
+
+
+def ray_status(timeout_s: float = 30.0) -> list[str]:
+    """The output of ``ray status`` for a running cluster, or why there is none."""
+    exe = shutil.which("ray")
+    if exe is None:
+        return ["- `ray` CLI not on PATH"]
+    try:
+        proc = subprocess.run([exe, "status"], capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return [f"- `ray status` did not answer within {timeout_s:.0f}s"]
+    if proc.returncode != 0:
+        last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no output)"]
+        return [f"- `ray status` failed: {last[0][:300]} (main_ppo starts a local Ray unless trainer.ray_address)"]
+    return ["```", proc.stdout.strip(), "```"]
+
+
+def retriever(urls: list[str]) -> list[str]:
+    """``GET /health`` of each retriever URL: reachable or not, status, index size and backend."""
+    lines = []
+    for url in urls:
+        base = url.rstrip("/").removesuffix("/retrieve")
+        try:
+            r = httpx.get(f"{base}/health", timeout=5, trust_env=False)
+            lines.append(f"- {base}: HTTP {r.status_code} {r.text[:400]}")
+        except httpx.HTTPError as e:
+            lines.append(f"- {base}: not reachable ({type(e).__name__}); start it with "
+                         "`uvicorn retriever_server.app:app` or `python -m search_rl.demo --serve-only`")
+    return lines
+
+
+def _size(path: Path) -> str:
+    total = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    return f"{total / 2**20:.0f} MiB"
+
+
+def caches() -> list[str]:
+    """Entries of the converted-model cache and the index cache, with sizes."""
+    from retriever_server.settings import get_settings
+    from search_rl.models.loading import cache_root
+
+    lines = []
+    for label, root in (("models", cache_root()), ("indexes", get_settings().index_dir)):
+        entries = sorted(p for p in root.glob("*") if p.is_dir()) if root.exists() else []
+        lines.append(f"- {label} cache {root}: {len(entries)} entries")
+        lines += [f"  - {p.name} ({_size(p)})" for p in entries]
+    hf_home = os.environ.get("HF_HOME", str(Path.home() / ".cache" / "huggingface"))
+    lines.append(f"- HF_HOME {hf_home}; HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', 'unset')}")
+    return lines
+
+
+def report(retriever_urls: list[str]) -> str:
+    """The whole report as Markdown."""
+    sections = [
+        ("Versions", versions),
+        ("Hardware", hardware),
+        ("Ray", ray_status),
+        ("Retriever", lambda: retriever(retriever_urls)),
+        ("Caches", caches),
+    ]
+    out = ["# search-rl diagnose"]
+    for title, probe in sections:
+        try:
+            body = probe()
+        except Exception as e:  # one failing probe must not hide the others
+            body = [f"- probe failed: {type(e).__name__}: {e}"]
+        out += ["", f"## {title}", *body]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--retriever-url", action="append", default=None,
+                    help="retriever base URL to probe (repeatable; default http://127.0.0.1:8000)")
+    args = ap.parse_args(argv)
+    sys.stdout.write(report(args.retriever_url or ["http://127.0.0.1:8000"]))  # the report is the program's output
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

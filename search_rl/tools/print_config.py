@@ -1,0 +1,160 @@
+"""The resolved config, each value with where it came from: ``python -m search_rl.tools.print_config [overrides]``.
+
+    python -m search_rl.tools.print_config                              # the trainer's defaults
+    python -m search_rl.tools.print_config algorithm=grpo model=tiny trainer.total_training_steps=3
+    python -m search_rl.tools.print_config --config eval model.path=runs/demo/global_step_3/actor
+    python -m search_rl.tools.print_config --groups                     # config groups and their options
+
+Sources, from weakest to strongest (the order Hydra applies them): ``default`` (the dataclass field in
+``search_rl/train_config.py`` or ``main_eval.py``), a group file (``configs/model/tiny.yaml``), the primary file
+(``configs/ppo_trainer.yaml``), then ``override`` (the command line). Interpolated values are shown resolved.
+The config is composed by Hydra exactly as ``main_ppo`` / ``main_eval`` compose it, so an unknown key fails here too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf, open_dict
+
+from search_rl.train_config import CONFIG_DIR, register_configs
+
+logger = logging.getLogger(__name__)
+
+PACKAGE_HEADER = "# @package "
+
+
+def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` → ``{"a.b": 1}``; lists and scalars are leaves.
+
+    >>> flatten({"a": {"b": 1, "c": [1, 2]}, "d": None})
+    {'a.b': 1, 'a.c': [1, 2], 'd': None}
+    """
+    if isinstance(node, dict) and node:
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+def groups() -> dict[str, list[str]]:
+    """Config groups (sub-folders of ``configs/`` holding YAML files) and their options."""
+    return {
+        d.name: sorted(p.stem for p in d.glob("*.yaml"))
+        for d in sorted(CONFIG_DIR.iterdir())
+        if d.is_dir() and any(d.glob("*.yaml"))
+    }
+
+
+def group_file_keys(group: str, option: str) -> dict[str, str]:
+    """Flattened keys a group option sets (its own ``defaults`` first), each mapped to the file that set it last."""
+    path = CONFIG_DIR / group / f"{option}.yaml"
+    text = path.read_text()
+    package = group
+    for line in text.splitlines():
+        if line.startswith(PACKAGE_HEADER):
+            package = line[len(PACKAGE_HEADER) :].strip()
+    data = yaml.safe_load(text) or {}
+    out: dict[str, str] = {}
+    for entry in data.pop("defaults", []):
+        if isinstance(entry, str) and entry != "_self_":
+            out.update(group_file_keys(group, entry))
+    rel = str(path.relative_to(CONFIG_DIR.parent))
+    out.update({f"{package}.{key}": rel for key in flatten(data)})
+    return out
+
+
+def override_key(override: str) -> str | None:
+    """The dotted key a command-line override sets (``+a.b=1`` → ``a.b``); None for a group choice or a deletion."""
+    if override.startswith("~") or "=" not in override:
+        return None
+    key = override.split("=", 1)[0].lstrip("+")
+    return None if key in groups() else key
+
+
+def compose(config_name: str, overrides: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The resolved config as a plain dict, and the chosen option of every group."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    register_configs()
+    if config_name == "eval":
+        from search_rl.main_eval import register_eval_config
+
+        register_eval_config()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        composed = hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
+    choices = {k: str(v) for k, v in composed.hydra.runtime.choices.items() if not k.startswith("hydra")}
+    with open_dict(composed):
+        del composed["hydra"]
+    resolved = OmegaConf.to_container(composed, resolve=True)
+    assert isinstance(resolved, dict)
+    return resolved, choices
+
+
+def sources(config_name: str, overrides: list[str], choices: dict[str, str], keys: list[str]) -> dict[str, str]:
+    """Where each flattened key's value came from (see the module docstring)."""
+    origin = dict.fromkeys(keys, "default")
+    for group, option in choices.items():
+        if group in groups():
+            origin.update({k: f for k, f in group_file_keys(group, option).items() if k in origin})
+    primary = yaml.safe_load((CONFIG_DIR / f"{config_name}.yaml").read_text()) or {}
+    primary.pop("defaults", None)
+    primary.pop("hydra", None)
+    rel = f"configs/{config_name}.yaml"
+    origin.update({k: rel for k in flatten(primary) if k in origin})
+    for override in overrides:
+        key = override_key(override)
+        if key is not None:
+            origin.update({k: "override" for k in origin if k == key or k.startswith(key + ".")})
+    return origin
+
+
+def render(config_name: str, overrides: list[str]) -> str:
+    """The report: chosen groups, then ``key = value    # source`` per leaf."""
+    resolved, choices = compose(config_name, overrides)
+    flat = flatten(resolved)
+    origin = sources(config_name, overrides, choices, list(flat))
+    lines = [f"# configs/{config_name}.yaml with {' '.join(overrides) or 'no overrides'}", "# groups:"]
+    lines += [f"#   {g}={o}" for g, o in sorted(choices.items()) if g in groups()]
+    width = max(len(f"{k} = {v!r}") for k, v in flat.items())
+    lines += [f"{f'{k} = {v!r}':<{width}}  # {origin[k]}" for k, v in flat.items()]
+    return "\n".join(lines) + "\n"
+
+
+def render_groups() -> str:
+    """Every config group with its options (the trainer's default choice marked)."""
+    defaults = yaml.safe_load((CONFIG_DIR / "ppo_trainer.yaml").read_text())["defaults"]
+    chosen = {k: v for entry in defaults if isinstance(entry, dict) for k, v in entry.items()}
+    lines = []
+    for group, options in groups().items():
+        marked = [f"{o} (default)" if chosen.get(group) == o else o for o in options]
+        lines.append(f"{group}: {', '.join(marked)}")
+    lines.append("experiment configs: " + (", ".join(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
+                                           if (CONFIG_DIR / "experiment").is_dir() else "none"))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides, as on the main_ppo / main_eval command line")
+    ap.add_argument("--config", choices=("ppo_trainer", "eval"), default="ppo_trainer", help="which entry's config")
+    ap.add_argument("--groups", action="store_true", help="list the config groups and their options")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        text = render_groups() if args.groups else render(args.config, args.overrides)
+    except Exception as e:  # process boundary: Hydra's compose errors name the bad key
+        logger.error("cannot compose the config: %s", e)
+        return 2
+    sys.stdout.write(text)  # the report is the program's output
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

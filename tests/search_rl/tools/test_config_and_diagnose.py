@@ -1,0 +1,44 @@
+"""print_config (values with their source, groups) and diagnose (one report; a real retriever server's /health).
+
+Run: python -m pytest tests/search_rl/tools/test_config_and_diagnose.py -q
+"""
+
+from __future__ import annotations
+
+import re
+
+from search_rl.tools import diagnose, print_config
+
+
+def _line(text: str, key: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith(f"{key} = "))
+
+
+def test_print_config_sources():
+    text = print_config.render("ppo_trainer", ["algorithm=grpo", "model=tiny", "trainer.total_training_steps=3"])
+    assert "#   algorithm=grpo" in text
+    assert _line(text, "trainer.total_training_steps").endswith("# override")
+    assert "= 3" in _line(text, "trainer.total_training_steps")
+    assert _line(text, "model.path").endswith("# configs/model/tiny.yaml")
+    assert _line(text, "algorithm.adv_estimator").endswith("# configs/algorithm/grpo.yaml")
+    assert _line(text, "actor_rollout_ref.rollout.max_turn_tokens").endswith("# configs/rollout/hf.yaml")
+    assert _line(text, "max_turns").endswith("# configs/ppo_trainer.yaml")
+    assert _line(text, "algorithm.kl_horizon").endswith("# default")
+    # interpolations are resolved: the rollout's copy of max_turns follows the override
+    assert "= 2" in _line(print_config.render("ppo_trainer", ["max_turns=2"]), "actor_rollout_ref.rollout.max_turns")
+
+
+def test_print_config_eval_groups_and_errors(capsys):
+    assert _line(print_config.render("eval", ["data.max_samples=5"]), "data.max_samples").endswith("# override")
+    groups = print_config.render_groups()
+    assert "model: smollm2_135m (default), tiny" in groups and "algorithm: grpo, ppo (default)" in groups
+    assert print_config.main(["bogus.key=1"]) == 2
+
+
+def test_diagnose_report(retriever_url):
+    text = diagnose.report([retriever_url, "http://127.0.0.1:9"])
+    for section in ("## Versions", "## Hardware", "## Ray", "## Retriever", "## Caches"):
+        assert section in text
+    assert re.search(r"- torch: \d", text) and "- vllm: " in text and "- faiss-cpu: " in text
+    assert f"- {retriever_url}: HTTP 200" in text and '"num_documents"' in text
+    assert "http://127.0.0.1:9: not reachable" in text

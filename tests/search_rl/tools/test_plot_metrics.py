@@ -1,0 +1,40 @@
+"""plot_metrics renders a run's metrics.jsonl (written by the trainer's own JsonlSink) to PNGs.
+
+Run: python -m pytest tests/search_rl/tools/test_plot_metrics.py -q
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from search_rl.tools.plot_metrics import main, plot_run, read_metrics
+from search_rl.tracking import build_tracker
+
+
+def test_plots_from_tracker_metrics(tmp_path):
+    tracker = build_tracker(["jsonl"], tmp_path, 3, "p", "e", {})
+    for step in (1, 2, 3):
+        tracker.log(
+            {
+                "reward/score_mean": step / 10, "reward/em": step / 10, "reward/nq/em": 0.2, "reward/hotpotqa/em": 0.1,
+                "actor/ppo_kl": 0.01 * step, "actor/entropy": 2.0, "response_length/mean": 100.0 + step,
+                "rollout/searches_mean": 1.5, "timing/rollout_s": 3.0, "timing/update_actor_s": 1.0,
+                "timing/step_s": 5.0, "actor/kl_loss": float("nan"),
+            },
+            step,
+        )
+    tracker.close()
+    series = read_metrics(tmp_path / "metrics.jsonl")
+    assert series["reward/em"] == [(1, 0.1), (2, 0.2), (3, 0.3)] and "actor/kl_loss" not in series
+    paths = plot_run(tmp_path)
+    names = {p.stem for p in paths}
+    assert {"reward", "kl", "entropy", "response_length", "searches", "timing"} <= names
+    assert "validation" not in names  # no val/ metrics in this run
+    for p in paths:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5_000
+
+
+def test_missing_metrics_is_a_clear_error(tmp_path, caplog):
+    with pytest.raises(FileNotFoundError, match="jsonl"):
+        plot_run(tmp_path)
+    assert main([str(tmp_path)]) == 2
