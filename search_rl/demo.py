@@ -19,6 +19,7 @@ that already reached ``--steps`` is not trained again (``--fresh`` starts over).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import sys
 import time
@@ -70,7 +71,7 @@ def train_overrides(s: DemoSettings, retriever_url: str) -> list[str]:
         f"trainer.save_freq={s.steps}",
         "trainer.test_freq=0",
         "trainer.max_ckpt_to_keep=1",
-        "trainer.logger=[jsonl,tensorboard]",
+        f"trainer.logger=[{'jsonl,tensorboard' if importlib.util.find_spec('tensorboard') else 'jsonl'}]",
         f"trainer.resume={'disable' if s.fresh else 'auto'}",
         f"data.train_batch_size={s.prompts}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={s.prompts}",

@@ -1,0 +1,47 @@
+"""The demo's retriever lifecycle: it serves, and it stops the server it started when the run fails.
+
+The full journey (train, evaluate, plots, viewer command) runs in ``tests/test_readme.py`` (slow).
+
+Run: python -m pytest tests/search_rl/test_demo.py -q
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from retriever_server.launcher import free_port
+from search_rl import demo
+
+
+@pytest.fixture
+def bm25(monkeypatch):
+    """The demo's child server uses BM25 (its index is built in seconds and cached)."""
+    monkeypatch.setenv("RETRIEVER_METHOD", "bm25")
+    monkeypatch.setenv("RETRIEVER_SHOW_PROGRESS", "false")
+
+
+def _down(port: int) -> bool:
+    try:
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+    except httpx.TransportError:
+        return True
+    return False
+
+
+@pytest.mark.integration
+def test_serve_only_exit(bm25, caplog):
+    port = free_port()
+    caplog.set_level("INFO", logger="search_rl.demo")
+    assert demo.main(["--serve-only", "--exit", "--port", str(port)]) == 0
+    assert "Q: who got the first nobel prize in physics" in caplog.text
+    assert _down(port)
+
+
+@pytest.mark.integration
+def test_failed_run_stops_the_retriever(bm25, tmp_path):
+    port = free_port()
+    with pytest.raises(ValueError, match="max_turns"):  # a real config error, raised after the server is up
+        demo.main(["--model", "tiny", "--max-turns", "-1", "--port", str(port), "--run-dir", str(tmp_path)])
+    assert (tmp_path / "retriever.log").exists()
+    assert _down(port)
