@@ -208,9 +208,9 @@ class ActorRolloutRefWorker:
         need_entropy_grad = self.algo.entropy_coeff > 0
 
         def loss_fn(micro: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
-            logprobs, entropy = response_logprobs(self.module, micro, self.rollout_cfg.temperature, with_entropy=True)
-            if entropy is not None and not need_entropy_grad:
-                entropy = entropy.detach()
+            logprobs, entropy = response_logprobs(
+                self.module, micro, self.rollout_cfg.temperature, with_entropy=True, entropy_grad=need_entropy_grad
+            )
             return actor_loss(micro, logprobs, entropy, self.algo)
 
         seed = (self.spec.seed * 1_000_003 + step) * 7 + self.spec.rank if cfg.shuffle else None

@@ -40,18 +40,29 @@ def _pad_to(x: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def response_logprobs(
-    model: nn.Module, batch: TrainBatch, temperature: float, *, with_entropy: bool = False
+    model: nn.Module,
+    batch: TrainBatch,
+    temperature: float,
+    *,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of the response tokens under ``model`` at ``temperature`` (the sampling distribution), and
-    optionally the per-token entropies; (B, T) each, 0 past each response. Gradients flow when enabled."""
+    optionally the per-token entropies; (B, T) each, 0 past each response. Gradients flow when enabled; the
+    entropy's only with ``entropy_grad`` (its (B, T, V) intermediates are not kept for a metric)."""
     inputs, t = _trimmed_inputs(batch)
     device = next(model.parameters()).device
     inputs = {k: v.to(device) for k, v in inputs.items()}
     out = model(**inputs, use_cache=False, logits_to_keep=t + 1)
-    logits = out.logits[:, :-1].float() / temperature  # (B, t, V)
+    logits = out.logits[:, :-1].float()  # (B, t, V)
+    if temperature != 1.0:
+        logits = logits / temperature
     targets = batch.response_ids[:, :t].to(device)  # (B, t)
     logprobs = logits.log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, t)
-    entropy = entropy_from_logits(logits) if with_entropy else None  # (B, t)
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = entropy_from_logits(logits)  # (B, t)
     width = batch.response_ids.shape[1]
     return _pad_to(logprobs, width), (_pad_to(entropy, width) if entropy is not None else None)
 
