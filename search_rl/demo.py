@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--serve-only", action="store_true", help="only start the retriever, query it, keep serving")
     ap.add_argument("--exit", action="store_true", help="with --serve-only: stop after the demo queries")
-    ap.add_argument("--port", type=int, default=8000, help="retriever port (a free one if taken)")
+    ap.add_argument("--port", type=int, default=8000, help="retriever port (a free one if taken; 0 = any free port)")
     ap.add_argument("--topk", type=int, default=3, help="passages shown per query (--serve-only)")
     ap.add_argument("--steps", type=int, default=3, help="training steps")
     ap.add_argument("--prompts", type=int, default=2, help="prompts per training step")
@@ -282,6 +282,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         logger.error("interrupted; the retriever was stopped")
         return 130
+    except Exception:  # process boundary: say what was cleaned up and where to look, then fail loudly
+        logger.error("demo failed; the retriever was stopped. Retriever log: %s; see docs/troubleshooting.md",
+                     s.run_dir / "retriever.log")
+        raise
 
 
 if __name__ == "__main__":
