@@ -78,19 +78,22 @@ def plot_panel(series: Series, panel: Panel, out: Path) -> Path | None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     keys = sorted(k for k in series if panel.select(k))
     if not keys:
         return None
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    fig, ax = plt.subplots(figsize=(9, 4), dpi=100)
+    ax.set_prop_cycle(color=plt.get_cmap("tab20").colors)  # timing has more than 10 phases
     for key in keys:
         steps, values = zip(*series[key], strict=True)
         ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=key)
     ax.set_title(panel.title)
     ax.set_xlabel("step")
     ax.set_ylabel(panel.ylabel)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     path = out / f"{panel.name}.png"
     fig.savefig(path)
