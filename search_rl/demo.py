@@ -171,6 +171,8 @@ def train(s: DemoSettings, url: str) -> Path:
         logger.info("reusing %s (already trained %d steps; --fresh to train again)", latest, done)
         assert latest is not None
         return latest
+    if s.fresh:  # trainer.resume=disable keeps old lines in metrics.jsonl; a fresh demo run starts a clean file
+        (s.run_dir / "metrics.jsonl").unlink(missing_ok=True)
     logger.info("training: python -m search_rl.main_ppo %s", " ".join(overrides))
     config_dict: dict[str, Any] = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)  # type: ignore[assignment]
     prepared = prepare(cfg, config_dict)
