@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import logging
 import sys
 import time
@@ -184,11 +185,29 @@ def train(s: DemoSettings, url: str) -> Path:
     return latest
 
 
+def find_eval(s: DemoSettings, actor_dir: Path) -> tuple[str, Path] | None:
+    """An earlier evaluation of the same checkpoint on as many questions (the result line and its folder), if any."""
+    if s.fresh:
+        return None
+    for metrics_path in sorted((s.run_dir / "eval").glob("search-*/metrics.json"), reverse=True):
+        m = json.loads(metrics_path.read_text())
+        if m.get("model") == str(actor_dir) and m.get("eval/all/n") == s.eval_samples:
+            line = "eval n={} em={:.4f} subem={:.4f} f1={:.4f}".format(
+                s.eval_samples, m["eval/all/em"], m["eval/all/subem"], m["eval/all/f1"]
+            )
+            return line, metrics_path.parent
+    return None
+
+
 def evaluate(s: DemoSettings, url: str, checkpoint: Path) -> tuple[str, Path]:
     """Greedy evaluation of the checkpoint's actor with search; returns the result line and the output folder."""
     from search_rl.main_eval import evaluate as run_eval
     from search_rl.main_eval import load_eval_config
 
+    previous = find_eval(s, checkpoint / "actor")
+    if previous is not None:
+        logger.info("reusing the evaluation in %s (--fresh to train and evaluate again)", previous[1])
+        return previous
     overrides = eval_overrides(s, url, checkpoint / "actor")
     logger.info("evaluating: python -m search_rl.main_eval %s", " ".join(overrides))
     result = run_eval(load_eval_config(overrides))
@@ -212,7 +231,8 @@ def summarize(s: DemoSettings, checkpoint: Path, eval_line: str, eval_dir: Path,
         "",
         "demo done:",
         f"  checkpoint   {checkpoint}/actor   (an HF model folder)",
-        f"  metrics      {run / 'metrics.jsonl'}   (TensorBoard: tensorboard --logdir {run / 'tensorboard'})",
+        f"  metrics      {run / 'metrics.jsonl'}"
+        + (f"   (tensorboard --logdir {run / 'tensorboard'})" if (run / "tensorboard").is_dir() else ""),
         f"  plots        {run / 'plots'}/ ({len(plots)} PNGs)",
         f"  rollouts     {run / 'rollouts'}/   and {eval_dir / 'trajectories.jsonl'}",
         f"  evaluation   {eval_line}   ({eval_dir / 'metrics.json'})",
