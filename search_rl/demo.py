@@ -261,8 +261,11 @@ def run_demo(s: DemoSettings, port: int) -> int:
     """Retriever up → train → evaluate → plots → summary; the retriever is stopped whatever happens."""
     check_data()
     settings = get_settings()
-    logger.info("starting the retriever (%s over %s); the first start builds and caches the index ...",
-                settings.method.value, settings.corpus_path)
+    logger.info(
+        "starting the retriever (%s over %s); the first start builds and caches the index ...",
+        settings.method.value,
+        settings.corpus_path,
+    )
     t0 = time.perf_counter()
     with RetrieverProcess(port=port, ready_timeout_s=3600, log_path=s.run_dir / "retriever.log") as server:
         logger.info("retriever ready in %.0fs at %s", time.perf_counter() - t0, server.url)
@@ -271,8 +274,12 @@ def run_demo(s: DemoSettings, port: int) -> int:
         eval_line, eval_dir = evaluate(s, server.url, checkpoint)
         t_eval = time.perf_counter()
     plots = plot(s.run_dir)
-    logger.info("times: retriever+training %.0fs, evaluation %.0fs, total %.0fs",
-                t_train - t0, t_eval - t_train, time.perf_counter() - t0)
+    logger.info(
+        "times: retriever+training %.0fs, evaluation %.0fs, total %.0fs",
+        t_train - t0,
+        t_eval - t_train,
+        time.perf_counter() - t0,
+    )
     summarize(s, checkpoint, eval_line, eval_dir, plots)
     sys.stdout.flush()
     sys.stdout.write(eval_line + "\n")  # the result line, last on stdout (as main_eval)
@@ -305,8 +312,10 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("interrupted; the retriever was stopped")
         return 130
     except Exception:  # process boundary: say what was cleaned up and where to look, then fail loudly
-        logger.error("demo failed; the retriever was stopped. Retriever log: %s; see docs/troubleshooting.md",
-                     s.run_dir / "retriever.log")
+        logger.error(
+            "demo failed; the retriever was stopped. Retriever log: %s; see docs/troubleshooting.md",
+            s.run_dir / "retriever.log",
+        )
         raise
 
 

@@ -68,8 +68,13 @@ def test_quick_start_in_a_fresh_clone(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
     python = str(venv / "bin" / "python")
-    env = {**os.environ, "PYTHONPATH": "", "RETRIEVER_METHOD": "bm25", "RETRIEVER_SHOW_PROGRESS": "false",
-           "PATH": f"{venv / 'bin'}:{os.environ['PATH']}"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": "",
+        "RETRIEVER_METHOD": "bm25",
+        "RETRIEVER_SHOW_PROGRESS": "false",
+        "PATH": f"{venv / 'bin'}:{os.environ['PATH']}",
+    }
 
     out = _run(f"make demo PYTHON={python} DEMO_ARGS='{DEMO_ARGS} --port 0'", clone, env, 900)
     run = clone / "runs" / "demo"

@@ -23,9 +23,29 @@ import httpx
 logger = logging.getLogger(__name__)
 
 PACKAGES = (
-    "search-rl", "torch", "transformers", "ray", "faiss-cpu", "faiss-gpu", "vllm", "sentence-transformers", "bm25s",
-    "fastapi", "uvicorn", "httpx", "pydantic", "hydra-core", "omegaconf", "numpy", "pandas", "pyarrow", "gguf",
-    "textual", "matplotlib", "tensorboard", "wandb",
+    "search-rl",
+    "torch",
+    "transformers",
+    "ray",
+    "faiss-cpu",
+    "faiss-gpu",
+    "vllm",
+    "sentence-transformers",
+    "bm25s",
+    "fastapi",
+    "uvicorn",
+    "httpx",
+    "pydantic",
+    "hydra-core",
+    "omegaconf",
+    "numpy",
+    "pandas",
+    "pyarrow",
+    "gguf",
+    "textual",
+    "matplotlib",
+    "tensorboard",
+    "wandb",
 )
 """Distributions whose versions the report lists ("not installed" when absent)."""
 
@@ -43,8 +63,10 @@ def versions() -> list[str]:
 
 def hardware() -> list[str]:
     """CPU cores (machine and usable), memory, and CUDA devices as torch sees them."""
-    lines = [f"- cpu: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-             f"{len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else '?'} usable"]
+    lines = [
+        f"- cpu: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"{len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else '?'} usable"
+    ]
     try:
         pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
         lines.append(f"- memory: {pages * size / 2**30:.1f} GiB")
@@ -53,8 +75,10 @@ def hardware() -> list[str]:
     try:
         import torch
 
-        lines.append(f"- torch threads: {torch.get_num_threads()}; CUDA available: {torch.cuda.is_available()}"
-                     f" (build {torch.version.cuda or 'cpu'})")
+        lines.append(
+            f"- torch threads: {torch.get_num_threads()}; CUDA available: {torch.cuda.is_available()}"
+            f" (build {torch.version.cuda or 'cpu'})"
+        )
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)
             lines.append(f"- cuda:{i}: {p.name}, {p.total_memory / 2**30:.1f} GiB")
@@ -87,8 +111,10 @@ def retriever(urls: list[str]) -> list[str]:
             r = httpx.get(f"{base}/health", timeout=5, trust_env=False)
             lines.append(f"- {base}: HTTP {r.status_code} {r.text[:400]}")
         except httpx.HTTPError as e:
-            lines.append(f"- {base}: not reachable ({type(e).__name__}); start it with "
-                         "`uvicorn retriever_server.app:app` or `python -m search_rl.demo --serve-only`")
+            lines.append(
+                f"- {base}: not reachable ({type(e).__name__}); start it with "
+                "`uvicorn retriever_server.app:app` or `python -m search_rl.demo --serve-only`"
+            )
     return lines
 
 
@@ -133,8 +159,12 @@ def report(retriever_urls: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--retriever-url", action="append", default=None,
-                    help="retriever base URL to probe (repeatable; default http://127.0.0.1:8000)")
+    ap.add_argument(
+        "--retriever-url",
+        action="append",
+        default=None,
+        help="retriever base URL to probe (repeatable; default http://127.0.0.1:8000)",
+    )
     args = ap.parse_args(argv)
     sys.stdout.write(report(args.retriever_url or ["http://127.0.0.1:8000"]))  # the report is the program's output
     return 0

@@ -37,15 +37,19 @@ def _matches(pattern: str) -> Callable[[str], bool]:
 
 
 PANELS = (
-    Panel("reward", "Reward and EM (train, per source)", "score",
-          _matches(r"reward/(score_mean|em|[^/]+/score|[^/]+/em)")),
+    Panel(
+        "reward", "Reward and EM (train, per source)", "score", _matches(r"reward/(score_mean|em|[^/]+/score|[^/]+/em)")
+    ),
     Panel("validation", "Validation EM (greedy, per source)", "EM", _matches(r"val/[^/]+/em")),
-    Panel("kl", "KL to the reference / between updates", "nats",
-          _matches(r"actor/(kl_loss|ppo_kl|reward_kl_penalty)")),
+    Panel("kl", "KL to the reference / between updates", "nats", _matches(r"actor/(kl_loss|ppo_kl|reward_kl_penalty)")),
     Panel("entropy", "Policy entropy (model tokens)", "nats", _matches(r"actor/entropy(_rollout)?")),
     Panel("response_length", "Response length", "tokens", _matches(r"response_length/(mean|model_tokens_mean|max)")),
-    Panel("searches", "Searches and turns per trajectory", "count",
-          _matches(r"rollout/(searches_mean|turns_mean|valid_action_rate|answer_rate)")),
+    Panel(
+        "searches",
+        "Searches and turns per trajectory",
+        "count",
+        _matches(r"rollout/(searches_mean|turns_mean|valid_action_rate|answer_rate)"),
+    ),
     Panel("timing", "Time per phase", "seconds", lambda k: k.startswith("timing/") and k != "timing/step_s"),
     Panel("losses", "Losses", "loss", _matches(r"actor/(pg_loss|loss)|critic/vf_loss")),
 )

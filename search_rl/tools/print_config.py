@@ -135,8 +135,14 @@ def render_groups() -> str:
     for group, options in groups().items():
         marked = [f"{o} (default)" if chosen.get(group) == o else o for o in options]
         lines.append(f"{group}: {', '.join(marked)}")
-    lines.append("experiment configs: " + (", ".join(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
-                                           if (CONFIG_DIR / "experiment").is_dir() else "none"))
+    lines.append(
+        "experiment configs: "
+        + (
+            ", ".join(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
+            if (CONFIG_DIR / "experiment").is_dir()
+            else "none"
+        )
+    )
     return "\n".join(lines) + "\n"
 
 

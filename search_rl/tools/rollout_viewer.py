@@ -125,12 +125,17 @@ def render_record(record: dict[str, Any]) -> Text:
     for seg in record.get("segments") or [{"kind": "model", "text": record.get("response", "")}]:
         if seg["kind"] == "model":
             turn += 1
-            out.append(f"── turn {turn} · model ({seg.get('end', 0) - seg.get('start', 0)} tokens, trained) ──\n",
-                       style="bold yellow")
+            out.append(
+                f"── turn {turn} · model ({seg.get('end', 0) - seg.get('start', 0)} tokens, mask 1) ──\n",
+                style="bold yellow",
+            )
             out.append(model_text(seg["text"].strip()))
         else:
-            out.append(f"\n── retrieved / feedback · masked ({seg.get('end', 0) - seg.get('start', 0)} tokens, "
-                       "no gradient) ──\n", style="bold magenta")
+            out.append(
+                f"\n── retrieved / feedback · masked ({seg.get('end', 0) - seg.get('start', 0)} tokens, "
+                "mask 0: never trained) ──\n",
+                style="bold magenta",
+            )
             out.append(seg["text"].strip(), style=OBSERVATION_STYLE)
         out.append("\n\n")
     components = record.get("reward_components") or {}
@@ -184,10 +189,15 @@ class RolloutViewer(App[None]):
         steps = [f"{r.get('kind')}:{r.get('step')}" for r in self.records]
         yield Header()
         with Horizontal(id="filters"):
-            yield Select(_options((str(r.get("data_source")) for r in self.records), "all sources"),
-                         value=ALL, allow_blank=False, id="source")
-            yield Select([(label, key) for key, label in REWARD_FILTERS.items()], value=ALL, allow_blank=False,
-                         id="reward")
+            yield Select(
+                _options((str(r.get("data_source")) for r in self.records), "all sources"),
+                value=ALL,
+                allow_blank=False,
+                id="source",
+            )
+            yield Select(
+                [(label, key) for key, label in REWARD_FILTERS.items()], value=ALL, allow_blank=False, id="reward"
+            )
             yield Select(_options(steps, "all steps"), value=ALL, allow_blank=False, id="step")
             yield Input(placeholder="search question, response, answer, gold ...", id="search")
         with Horizontal():

@@ -16,10 +16,18 @@ def test_plots_from_tracker_metrics(tmp_path):
     for step in (1, 2, 3):
         tracker.log(
             {
-                "reward/score_mean": step / 10, "reward/em": step / 10, "reward/nq/em": 0.2, "reward/hotpotqa/em": 0.1,
-                "actor/ppo_kl": 0.01 * step, "actor/entropy": 2.0, "response_length/mean": 100.0 + step,
-                "rollout/searches_mean": 1.5, "timing/rollout_s": 3.0, "timing/update_actor_s": 1.0,
-                "timing/step_s": 5.0, "actor/kl_loss": float("nan"),
+                "reward/score_mean": step / 10,
+                "reward/em": step / 10,
+                "reward/nq/em": 0.2,
+                "reward/hotpotqa/em": 0.1,
+                "actor/ppo_kl": 0.01 * step,
+                "actor/entropy": 2.0,
+                "response_length/mean": 100.0 + step,
+                "rollout/searches_mean": 1.5,
+                "timing/rollout_s": 3.0,
+                "timing/update_actor_s": 1.0,
+                "timing/step_s": 5.0,
+                "actor/kl_loss": float("nan"),
             },
             step,
         )

@@ -21,8 +21,10 @@ PASSAGE = '<information>Doc 1 (Title: "Nobel Prize") Wilhelm Rontgen received th
 def _trajectory(tokenizer, query: str, answer: str) -> Trajectory:
     turn1 = f"<think> I need to look this up. </think><search> {query} </search>"
     turn2 = f"<answer> {answer} </answer>"
-    parts = [(k, t, tokenizer.encode(t, add_special_tokens=False)) for k, t in
-             (("model", turn1), ("observation", PASSAGE), ("model", turn2))]
+    parts = [
+        (k, t, tokenizer.encode(t, add_special_tokens=False))
+        for k, t in (("model", turn1), ("observation", PASSAGE), ("model", turn2))
+    ]
     ids, mask, segments, start = [], [], [], 0
     for kind, text, part in parts:
         ids += part
@@ -47,8 +49,10 @@ def _write_run(run, tokenizer) -> None:
     prompts = PromptBatch(
         ((1, 2),) * 2, ("u1", "u2"), ("nq", "hotpotqa"), (("Wilhelm Rontgen",), ("Paris",)), questions, (0, 1)
     )
-    trajs = [_trajectory(tokenizer, "first nobel prize physics", "Wilhelm Rontgen"),
-             _trajectory(tokenizer, "capital of france", "Lyon")]
+    trajs = [
+        _trajectory(tokenizer, "first nobel prize physics", "Wilhelm Rontgen"),
+        _trajectory(tokenizer, "capital of france", "Lyon"),
+    ]
     for step in (1, 2):
         dumper.dump("train", step, prompts, trajs, [RewardResult(1.0, {"em": 1.0}), RewardResult(0.0, {"em": 0.0})])
 
