@@ -1,4 +1,4 @@
-"""The demo's retriever lifecycle: it serves, and it stops the server it started when the run fails.
+"""The demo's retriever lifecycle: it serves, and it stops the server it started when the run fails or on Ctrl-C.
 
 The full journey (train, evaluate, plots, viewer command) runs in ``tests/test_readme.py`` (slow).
 
@@ -6,6 +6,11 @@ Run: python -m pytest tests/search_rl/test_demo.py -q
 """
 
 from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
 
 import httpx
 import pytest
@@ -44,4 +49,24 @@ def test_failed_run_stops_the_retriever(bm25, tmp_path):
     with pytest.raises(ValueError, match="max_turns"):  # a real config error, raised after the server is up
         demo.main(["--model", "tiny", "--max-turns", "-1", "--port", str(port), "--run-dir", str(tmp_path)])
     assert (tmp_path / "retriever.log").exists()
+    assert _down(port)
+
+
+@pytest.mark.integration
+def test_ctrl_c_stops_the_retriever(tmp_path):
+    """SIGINT while training starts: exit code 130, and the retriever the demo started is gone."""
+    port = free_port()
+    env = {**os.environ, "RETRIEVER_METHOD": "bm25", "RETRIEVER_SHOW_PROGRESS": "false"}
+    argv = [sys.executable, "-m", "search_rl.demo", "--model", "tiny", "--port", str(port), "--run-dir", str(tmp_path)]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "retriever ready" in line:
+                break
+        assert not _down(port)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130
+    finally:
+        proc.kill()
     assert _down(port)
