@@ -1,7 +1,7 @@
 """Greedy evaluation of a base model or a checkpoint on any parquet of Search-R1 rows, with the two baselines.
 
     python -m search_rl.main_eval                                                # SmolLM2 with search, shipped test set
-    python -m search_rl.main_eval model.path=runs/default/global_step_10/actor   # a trained checkpoint
+    python -m search_rl.main_eval model.path=runs/default/global_step_6/actor    # a trained checkpoint
     python -m search_rl.main_eval baseline=no_search                             # closed book, same model
     python -m search_rl.main_eval baseline=naive_rag rag_topk=3                  # top-3 passages inlined, no search
     python -m search_rl.main_eval 'data.files=[data/datasets/eval/bamboogle_test.parquet]' data.max_samples=50

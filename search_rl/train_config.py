@@ -83,9 +83,9 @@ class ActorConfig:
 
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer of the policy."""
-    ppo_mini_batch_size: int = 4
+    ppo_mini_batch_size: int = 2
     """Prompts per optimizer step (each with its ``rollout.n`` samples), summed over all workers."""
-    ppo_micro_batch_size_per_gpu: int = 2
+    ppo_micro_batch_size_per_gpu: int = 1
     """Samples per forward/backward pass on one worker; gradients accumulate over a mini-batch."""
     ppo_epochs: int = 1
     """Passes over each batch."""
@@ -117,7 +117,7 @@ class TrainRolloutConfig(RolloutConfig):
     """Settings of the ``hf`` engine."""
     gpu_memory_utilization: float = 0.4
     """``vllm`` engine: share of GPU memory it may take (the trainer shares the GPU)."""
-    log_prob_micro_batch_size_per_gpu: int = 4
+    log_prob_micro_batch_size_per_gpu: int = 2
     """Samples per forward pass when the actor recomputes the sampling log-probs."""
 
     def __post_init__(self) -> None:
@@ -139,7 +139,7 @@ class TrainRolloutConfig(RolloutConfig):
 class RefConfig:
     """The frozen reference policy (the starting weights), used for the KL terms."""
 
-    log_prob_micro_batch_size_per_gpu: int = 4
+    log_prob_micro_batch_size_per_gpu: int = 2
     """Samples per forward pass of the reference model."""
 
     def __post_init__(self) -> None:
@@ -167,11 +167,11 @@ class CriticConfig:
     """Train a critic; ``null`` = exactly when the advantage estimator reads values (``gae``)."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     """Optimizer of the critic."""
-    ppo_mini_batch_size: int = 4
+    ppo_mini_batch_size: int = 2
     """Prompts per critic optimizer step (each with its ``rollout.n`` samples), summed over all workers."""
-    ppo_micro_batch_size_per_gpu: int = 2
+    ppo_micro_batch_size_per_gpu: int = 1
     """Samples per forward/backward pass on one worker."""
-    forward_micro_batch_size_per_gpu: int = 4
+    forward_micro_batch_size_per_gpu: int = 2
     """Samples per forward pass when computing values."""
     ppo_epochs: int = 1
     """Passes over each batch."""
@@ -194,9 +194,9 @@ class DataConfig:
     """Training parquet files (relative paths are taken from the working directory, then from the repository)."""
     val_files: list[str] = field(default_factory=lambda: ["data/datasets/nq_hotpotqa_mini/test.parquet"])
     """Validation parquet files; metrics are reported per ``data_source``."""
-    train_batch_size: int = 8
+    train_batch_size: int = 4
     """Prompts per training step (each rolled out ``rollout.n`` times)."""
-    val_max_samples: int | None = 64
+    val_max_samples: int | None = 32
     """Validate on a fixed, seeded subset of this many rows (``null`` = every row)."""
     shuffle: bool = True
     """Shuffle the training rows each epoch (seeded by ``trainer.seed`` and the epoch)."""
@@ -233,11 +233,11 @@ class TrainerConfig:
     """Run name; the default output folder is ``runs/<experiment_name>``."""
     default_local_dir: str = "runs/default"
     """Where checkpoints, metrics, rollout dumps and the Hydra config of the run go."""
-    total_training_steps: int = 10
+    total_training_steps: int = 6
     """Training steps to run (a resumed run continues up to this number)."""
-    save_freq: int = 5
+    save_freq: int = 3
     """Save a checkpoint every this many steps, and after the last step (0 = never)."""
-    test_freq: int = 5
+    test_freq: int = 3
     """Validate every this many steps, and after the last step (0 = never)."""
     val_before_train: bool = False
     """Validate once before the first step."""

@@ -196,6 +196,7 @@ class ActorRolloutRefWorker:
                 lp, ent = response_logprobs(model, part, self.rollout_cfg.temperature, with_entropy=with_entropy)
                 logprobs.append(lp.cpu())
                 entropies.append(ent.cpu() if ent is not None else torch.zeros_like(lp.cpu()))
+        D.release_memory()
         return torch.cat(logprobs), torch.cat(entropies)
 
     # --- update ------------------------------------------------------------------------------------------------
@@ -224,6 +225,7 @@ class ActorRolloutRefWorker:
             loss_agg_mode=self.algo.loss_agg_mode,
         )
         metrics["perf/actor_update_tokens"] = float(model_token_count(batch) * cfg.ppo_epochs)
+        D.release_memory()
         return metrics
 
     # --- checkpoints -------------------------------------------------------------------------------------------

@@ -96,6 +96,7 @@ class CriticWorker:
             loss_agg_mode=self.algo.loss_agg_mode,
         )
         metrics["perf/critic_update_tokens"] = float(model_token_count(batch) * self.cfg.ppo_epochs)
+        D.release_memory()
         return metrics
 
     def save_checkpoint(self, directory: str) -> None:

@@ -75,7 +75,7 @@ def test_out_of_range_fields(overrides, match):
     ("overrides", "match"),
     [
         (["algorithm=grpo", "actor_rollout_ref.rollout.n=1"], "set it to 2 or more"),
-        (["data.train_batch_size=6"], "not a multiple of actor_rollout_ref.actor.ppo_mini_batch_size=4"),
+        (["data.train_batch_size=5"], "not a multiple of actor_rollout_ref.actor.ppo_mini_batch_size=2"),
         (["trainer.n_workers=3"], "cannot be split evenly over trainer.n_workers=3"),
         (["algorithm.adv_estimator=gae", "critic.enable=false"], "needs a critic"),
     ],
