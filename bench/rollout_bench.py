@@ -7,6 +7,9 @@ includes every turn's prefill, the stop checks and the retriever calls. The limi
 tokens) at the same temperature. Tokens generated after a stop string or EOS are counted independently from the
 engine's outputs by decoding each result's growing prefix (must be 0).
 
+Wall-clock figures depend on whatever else runs on the machine; the process-CPU-time ratio printed next to them
+does not (exactly so with ``--threads 1``, where no thread spins waiting for another).
+
     python bench/rollout_bench.py --retriever-url http://127.0.0.1:8000
     python bench/rollout_bench.py --retriever-url URL --dump docs/trajectories.md   # also write readable rollouts
 
@@ -28,7 +31,7 @@ from search_rl.agent.actions import STOP_STRINGS
 from search_rl.agent.generation_manager import LLMGenerationManager
 from search_rl.agent.prompts import encode_prompt
 from search_rl.agent.retriever_client import RetrieverClient
-from search_rl.config import RetrieverClientConfig, RolloutConfig
+from search_rl.config import HFEngineConfig, RetrieverClientConfig, RolloutConfig
 from search_rl.datatypes import Generated, GroundTruth, RolloutResult, SamplingParams
 from search_rl.models import SMOLLM2, load_model, load_tokenizer
 from search_rl.reward import compute_reward
@@ -62,13 +65,13 @@ def tokens_after_stop(tokenizer, results: list[Generated], eos: tuple[int, ...])
 
 def plain_generate(
     model, tokenizer, prompts: list[list[int]], new_tokens: int, temperature: float, seed: int, greedy: bool
-) -> float:
-    """Seconds for one batched HF ``generate`` making exactly ``new_tokens`` per prompt."""
+) -> tuple[float, float]:
+    """(wall, process CPU) seconds of one batched HF ``generate`` making exactly ``new_tokens`` per prompt."""
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts])
     attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     torch.manual_seed(seed)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     with torch.inference_mode():
         out = model.generate(
             input_ids=ids,
@@ -82,9 +85,9 @@ def plain_generate(
             min_new_tokens=new_tokens,
             pad_token_id=tokenizer.pad_token_id,
         )
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     assert out.shape[1] - width == new_tokens
-    return elapsed
+    return elapsed, cpu
 
 
 def dump(path: Path, tokenizer, rows: pd.DataFrame, result: RolloutResult, k: int) -> None:
@@ -123,17 +126,21 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--greedy", action="store_true", help="argmax decoding in both the rollout and the baseline")
+    ap.add_argument("--no-prefix-cache", action="store_true", help="re-encode the whole context every turn")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (1 makes CPU-time figures exact)")
     ap.add_argument("--dump", type=Path, default=None, help="write the first --dump-k trajectories here (Markdown)")
     ap.add_argument("--dump-k", type=int, default=4)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
 
     tokenizer, model = load_tokenizer(args.model), load_model(args.model)
     rows = pd.read_parquet(DATA).head(args.n)
     prompts = [encode_prompt(tokenizer, list(p)) for p in rows.prompt]
     client = RetrieverClient(RetrieverClientConfig(url=args.retriever_url, topk=3))
     client.check_reachable()
-    engine = CountingEngine(model, tokenizer)
+    engine = CountingEngine(model, tokenizer, HFEngineConfig(prefix_cache=not args.no_prefix_cache))
     engine.results = []
     cfg = RolloutConfig(
         max_turns=args.max_turns,
@@ -147,12 +154,12 @@ def main() -> None:
     engine.generate(prompts[:2], SamplingParams(max_new_tokens=4, seed=0))  # warm-up, not timed
     engine.results.clear()
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     result = manager.generate(prompts, seed=args.seed, greedy=args.greedy)
-    rollout_s = time.perf_counter() - start
+    rollout_s, rollout_cpu = time.perf_counter() - start, time.process_time() - cpu
     model_tokens = int(sum(int(t.response_mask.sum()) for t in result.trajectories))
     per_sample = max(1, math.ceil(model_tokens / len(prompts)))
-    plain_s = plain_generate(model, tokenizer, prompts, per_sample, args.temperature, args.seed, args.greedy)
+    plain_s, plain_cpu = plain_generate(model, tokenizer, prompts, per_sample, args.temperature, args.seed, args.greedy)
 
     rollout_tps, plain_tps = model_tokens / rollout_s, per_sample * len(prompts) / plain_s
     after = tokens_after_stop(tokenizer, engine.results, engine.eos_token_ids)
@@ -166,6 +173,13 @@ def main() -> None:
         f"retrieve {m['timing/retrieve_s']:.2f}s, {len(engine.results)} engine results)"
     )
     print(f"plain generate: {per_sample} tokens x {len(prompts)} in {plain_s:.1f}s = {plain_tps:.1f} tok/s")
+    stats = engine.prefix.stats
+    print(
+        f"process CPU seconds (robust to other load on the machine): rollout {rollout_cpu:.1f}, plain {plain_cpu:.1f}; "
+        f"CPU-time ratio {(model_tokens / rollout_cpu) / (per_sample * len(prompts) / plain_cpu):.3f}"
+    )
+    state = "off" if args.no_prefix_cache else "on"
+    print(f"prefix cache: {state}, {stats.hits} hits, {stats.reused_tokens} tokens reused")
     if args.dump is not None:
         dump(args.dump, tokenizer, rows, result, args.dump_k)
     print(f"rollout_bench ratio={rollout_tps / plain_tps:.3f} tokens_after_stop={after}")

@@ -20,9 +20,10 @@ STOPS = ("e", "a")  # frequent characters: a random model hits them within a few
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory, tokenizer):
-    """The tiny random model saved as a local HF directory (what vLLM loads)."""
+    """A tiny random model saved as a local HF directory (what vLLM loads); 256 wide so that head_dim is 64,
+    since vLLM's CPU attention rejects the default tiny model's head_dim of 16."""
     path = tmp_path_factory.mktemp("tiny-model")
-    build_tiny_model(tokenizer, seed=0).save_pretrained(path)
+    build_tiny_model(tokenizer, seed=0, hidden_size=256).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 
