@@ -301,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fresh", action="store_true", help="train from scratch even if the run folder has checkpoints")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger().setLevel(logging.INFO)  # also when an imported library configured the root logger first
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health poll is noise here
     port = start_port(args.port)
     if args.serve_only:

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -58,15 +59,17 @@ def test_ctrl_c_stops_the_retriever(tmp_path):
     port = free_port()
     env = {**os.environ, "RETRIEVER_METHOD": "bm25", "RETRIEVER_SHOW_PROGRESS": "false"}
     argv = [sys.executable, "-m", "search_rl.demo", "--model", "tiny", "--port", str(port), "--run-dir", str(tmp_path)]
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = open(tmp_path / "demo.log", "w")  # noqa: SIM115 (closed below); a pipe nobody reads could fill and block
+    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if "retriever ready" in line:
-                break
+        deadline = time.monotonic() + 300
+        while _down(port) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)  # the retriever the demo starts is up once its port answers
+        assert proc.poll() is None, f"demo exited early ({proc.returncode}) before the retriever was up"
         assert not _down(port)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=120) == 130
     finally:
         proc.kill()
+        log.close()
     assert _down(port)
