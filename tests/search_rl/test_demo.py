@@ -60,7 +60,16 @@ def test_ctrl_c_stops_the_retriever(tmp_path):
     env = {**os.environ, "RETRIEVER_METHOD": "bm25", "RETRIEVER_SHOW_PROGRESS": "false"}
     argv = [sys.executable, "-m", "search_rl.demo", "--model", "tiny", "--port", str(port), "--run-dir", str(tmp_path)]
     log = open(tmp_path / "demo.log", "w")  # noqa: SIM115 (closed below); a pipe nobody reads could fill and block
-    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    # A shell that runs a job in the background (as CI may) starts it with SIGINT ignored, and Python keeps an
+    # ignored SIGINT ignored; give the demo the default disposition a terminal user has.
+    proc = subprocess.Popen(
+        argv,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         deadline = time.monotonic() + 300
         while _down(port) and proc.poll() is None and time.monotonic() < deadline:
