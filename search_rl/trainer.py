@@ -258,17 +258,27 @@ class PPOTrainer:
             torch.save(self.state_dict(), directory / TRAINER_STATE)
 
     def resume(self) -> None:
-        """Continue from the checkpoint ``trainer.resume`` names (latest for ``auto``), if any."""
+        """Continue from the checkpoint ``trainer.resume`` names (latest for ``auto``), if any.
+
+        Metrics and rollout dumps of steps after the starting point (all of them on a fresh start) are dropped, so
+        the run folder always reads as one run.
+        """
         path = self.checkpoints.resolve(self.cfg.resume)
         if path is None:
+            self._rewind_outputs()
             return
         self.actor.broadcast("load_checkpoint", str(path))
         if self.critic is not None:
             self.critic.broadcast("load_checkpoint", str(path))
         self.load_state_dict(torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=False))
         self.actor.broadcast("sync_weights", self.step)
-        self.tracker.rewind(self.step)
+        self._rewind_outputs()
         logger.info("resumed from %s at step %d", path, self.step)
+
+    def _rewind_outputs(self) -> None:
+        self.tracker.rewind(self.step)
+        if self.dumper is not None:
+            self.dumper.rewind(self.step)
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -113,6 +113,12 @@ class RolloutDumper:
     def __init__(self, directory: Path, tokenizer: PreTrainedTokenizerBase) -> None:
         self.directory, self.tokenizer = directory, tokenizer
 
+    def rewind(self, step: int) -> None:
+        """Delete the dumps of steps after ``step`` (a resumed or restarted run writes them again)."""
+        for path in self.directory.glob("*_step_*.jsonl"):
+            if int(path.stem.rsplit("_", 1)[1]) > step:
+                path.unlink()
+
     def dump(
         self,
         kind: str,

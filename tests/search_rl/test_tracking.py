@@ -86,3 +86,7 @@ def test_rollout_dump_records(tmp_path, tokenizer):
     assert first["gold"] == ["y"] and first["reward"] == 1.0 and first["advantage"] == 0.5
     assert first["stats"]["searches"] == 1 and first["weight_version"] == 2 and first["model_tokens"] == sum(mask)
     assert [s["kind"] for s in first["segments"]] == ["model", "observation", "model"]
+
+    (tmp_path / "val_step_000005.jsonl").write_text("")
+    RolloutDumper(tmp_path, tokenizer).rewind(3)  # a run restarted from step 3 drops the later dumps
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train_step_000003.jsonl"]
