@@ -1,9 +1,12 @@
 """Scoring trajectories against gold answers, and the metrics built from the scores (training, validation, eval).
 
 ``score_trajectories`` picks each sample's reward function by its ``data_source`` (``reward.by_data_source``, then
-the built-in table, then ``reward.default``). ``reward_metrics`` gives the training-step view (means per data
-source, the share of GRPO groups whose rewards are all equal: no learning signal). ``answer_metrics`` gives the
-evaluation view: EM / sub-EM / F1, answer rate and searches per question, per data source and over all rows.
+the built-in table, then ``reward.default``) and applies the configured shaping (``reward.format_score``,
+``reward.partial_credit``; ``search_rl/reward/shaping.py``) to the score, never to the components. Training,
+validation and ``main_eval`` all score here, so they see the same rewards. ``reward_metrics`` gives the
+training-step view (means per data source, the share of GRPO groups whose rewards are all equal: no learning
+signal). ``answer_metrics`` gives the evaluation view: EM / sub-EM / F1, answer rate and searches per question,
+per data source and over all rows.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from collections.abc import Sequence
 
 from search_rl.datatypes import GroundTruth, RewardResult, Trajectory
 from search_rl.protocol import PromptBatch
-from search_rl.reward import reward_fn_for
+from search_rl.reward import reward_fn_for, shape_reward
 from search_rl.train_config import RewardConfig
 
 ANSWER_KEYS = ("em", "subem", "f1")
@@ -23,13 +26,14 @@ ANSWER_KEYS = ("em", "subem", "f1")
 def score_trajectories(
     trajectories: Sequence[Trajectory], prompts: PromptBatch, cfg: RewardConfig
 ) -> list[RewardResult]:
-    """One ``RewardResult`` per trajectory (same order as ``prompts``)."""
+    """One shaped ``RewardResult`` per trajectory (same order as ``prompts``)."""
     if len(trajectories) != len(prompts):
         raise ValueError(f"{len(trajectories)} trajectories for {len(prompts)} prompts")
     results = []
     for traj, source, targets in zip(trajectories, prompts.data_sources, prompts.targets, strict=True):
         fn = reward_fn_for(source, cfg.by_data_source, cfg.default)
-        results.append(fn(traj, GroundTruth(target=targets, data_source=source)))
+        result = fn(traj, GroundTruth(target=targets, data_source=source))
+        results.append(shape_reward(result, cfg.format_score, cfg.partial_credit, cfg.partial_credit_weight))
     return results
 
 
@@ -37,11 +41,27 @@ def _mean(xs: Sequence[float]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
 
+def share_of_flat_groups(values: Sequence[float], uids: Sequence[str]) -> float | None:
+    """Share of groups (samples with the same uid) of 2 or more samples whose values are all equal; None if there is
+    no such group. A group of one is left out: it has no spread to measure (with ``rollout.n=1`` every group is).
+
+    >>> share_of_flat_groups([1.0, 0.0, 0.0, 0.0, 0.5], ["a", "a", "b", "b", "c"])
+    0.5
+    """
+    groups: dict[str, list[float]] = defaultdict(list)
+    for value, uid in zip(values, uids, strict=True):
+        groups[uid].append(value)
+    flat = [float(len(set(vs)) == 1) for vs in groups.values() if len(vs) >= 2]
+    return _mean(flat) if flat else None
+
+
 def reward_metrics(
     results: Sequence[RewardResult], data_sources: Sequence[str], uids: Sequence[str]
 ) -> dict[str, float]:
-    """``reward/score_mean``, ``reward/<component>`` and ``reward/<source>/{score,em}`` means, and
-    ``reward/groups_all_equal``: the share of prompts whose samples all got the same reward."""
+    """``reward/score_mean``, ``reward/<component>`` and ``reward/<source>/{score,em}`` means, and, when the batch has
+    groups of 2 or more samples (GRPO, RLOO), ``reward/groups_all_equal``: the share of those groups whose rewards
+    are all equal (GRPO gives them no signal), and ``reward/groups_all_equal_em``: the same on EM alone, so the
+    gap between the two is the signal the shaping adds."""
     metrics: dict[str, float] = {"reward/score_mean": _mean([r.score for r in results])}
     components = sorted({k for r in results for k in r.components})
     for key in components:
@@ -52,10 +72,11 @@ def reward_metrics(
     for source, rs in sorted(by_source.items()):
         metrics[f"reward/{source}/score"] = _mean([r.score for r in rs])
         metrics[f"reward/{source}/em"] = _mean([r.components.get("em", 0.0) for r in rs])
-    groups: dict[str, set[float]] = defaultdict(set)
-    for r, uid in zip(results, uids, strict=True):
-        groups[uid].add(r.score)
-    metrics["reward/groups_all_equal"] = _mean([float(len(scores) == 1) for scores in groups.values()])
+    flat = share_of_flat_groups([r.score for r in results], uids)
+    flat_em = share_of_flat_groups([r.components.get("em", 0.0) for r in results], uids)
+    if flat is not None and flat_em is not None:
+        metrics["reward/groups_all_equal"] = flat
+        metrics["reward/groups_all_equal_em"] = flat_em
     return metrics
 
 

@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 
 from search_rl.algorithms import AlgorithmConfig
 from search_rl.config import HFEngineConfig, RetrieverClientConfig, RolloutConfig
+from search_rl.reward.shaping import MAX_FORMAT_SCORE, PARTIAL_CREDITS, shaping_enabled
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 """The YAML configs (``ppo_trainer.yaml``, ``eval.yaml`` and their groups)."""
@@ -214,13 +215,52 @@ class DataConfig:
 
 @dataclass
 class RewardConfig:
-    """Which ``REWARDS`` entry scores each data source (``search_rl/reward/registry.py``)."""
+    """Which ``REWARDS`` entry scores each data source (``search_rl/reward/registry.py``), and the shaping applied on
+    top of it (``search_rl/reward/shaping.py``; off by default, so the reward is exactly the chosen score)."""
 
     default: str = "qa_em"
     """Reward of a data source with no entry below and no built-in choice (exact match)."""
     by_data_source: dict[str, str] = field(default_factory=dict)
     """Overrides per data source; values are registry names or ``pkg.module:function``. Set one from the command
     line with ``+reward.by_data_source.nq=qa_f1`` (new dict keys need Hydra's ``+``)."""
+    format_score: float = 0.0
+    """Shaping: reward of a well-formed episode with a wrong answer, and what a right answer in a malformed episode
+    loses (Search-R1's ``format_score``; 0 = off). In ``[0, 0.5)`` so a right answer always scores more."""
+    partial_credit: str | None = None
+    """Shaping: ``null`` (off), ``f1`` or ``subem``: a wrong answer also earns ``partial_credit_weight`` times this
+    measure of its extracted answer (the larger of that and ``format_score`` counts)."""
+    partial_credit_weight: float = 0.0
+    """Shaping: weight of ``partial_credit``; > 0 exactly when it is set, and below ``1 - format_score``."""
+
+    def __post_init__(self) -> None:
+        fs, credit, weight = self.format_score, self.partial_credit, self.partial_credit_weight
+        if not 0 <= fs < MAX_FORMAT_SCORE:
+            raise ConfigError(
+                f"reward.format_score must be in [0, {MAX_FORMAT_SCORE}), got {fs}: a right answer in a malformed "
+                "episode scores 1 - format_score, which must beat format_score (a wrong, well-formed one)"
+            )
+        if credit is not None and credit not in PARTIAL_CREDITS:
+            raise ConfigError(f"reward.partial_credit must be null or one of {PARTIAL_CREDITS}, got {credit!r}")
+        if not 0 <= weight < 1 - fs:
+            raise ConfigError(
+                f"reward.partial_credit_weight must be in [0, 1 - reward.format_score) = [0, {1 - fs:g}), got "
+                f"{weight}: a wrong answer can have full partial credit and must still score below a right one"
+            )
+        if (credit is None) != (weight == 0):
+            raise ConfigError(
+                f"reward.partial_credit={credit or 'null'} and reward.partial_credit_weight={weight} do not go "
+                "together: set both (e.g. partial_credit=f1 partial_credit_weight=0.3) or neither"
+            )
+        names = {
+            "reward.default": self.default,
+            **{f"reward.by_data_source.{k}": v for k, v in self.by_data_source.items()},
+        }
+        presets = [key for key, name in names.items() if name == "qa_em_format"]
+        if presets and shaping_enabled(fs, credit):
+            raise ConfigError(
+                f"{presets[0]}=qa_em_format is already shaped (format_score 0.2) and would be shaped twice by "
+                "reward.format_score / reward.partial_credit; use qa_em with the shaping keys instead"
+            )
 
 
 @dataclass

@@ -1,10 +1,13 @@
-"""Rewards: QA answer scoring (EM / sub-EM / F1), the tag-format check, and ``REWARDS`` by data source."""
+"""Rewards: QA answer scoring (EM / sub-EM / F1), the tag-format check, ``REWARDS`` by data source, and the
+shaping (format reward, partial credit) applied on top of the chosen function."""
 
 from search_rl.reward.format import format_ok
 from search_rl.reward.qa_em import exact_match, extract_answer, f1_score, normalize_answer, sub_exact_match
 from search_rl.reward.registry import REWARDS, RewardFn, compute_reward, reward_fn_for
+from search_rl.reward.shaping import PARTIAL_CREDITS, shape_reward, shaping_enabled
 
 __all__ = [
+    "PARTIAL_CREDITS",
     "REWARDS",
     "RewardFn",
     "compute_reward",
@@ -14,5 +17,7 @@ __all__ = [
     "format_ok",
     "normalize_answer",
     "reward_fn_for",
+    "shape_reward",
+    "shaping_enabled",
     "sub_exact_match",
 ]

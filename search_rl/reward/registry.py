@@ -13,6 +13,7 @@ from search_rl.datatypes import GroundTruth, RewardResult, Trajectory
 from search_rl.registry import Registry
 from search_rl.reward.format import format_ok
 from search_rl.reward.qa_em import exact_match, extract_answer, f1_score, sub_exact_match
+from search_rl.reward.shaping import shape_reward
 
 logger = logging.getLogger(__name__)
 
@@ -26,10 +27,8 @@ DATA_SOURCE_REWARDS: dict[str, str] = {
 }
 """Built-in choice per data source; Search-R1 scores every QA source by exact match."""
 
-FORMAT_BONUS = 0.2
-"""``qa_em_format``: reward of a well-formed episode with a wrong answer (Search-R1's ``format_score``)."""
-FORMAT_PENALTY = 0.2
-"""``qa_em_format``: subtracted from a correct answer given in a malformed episode."""
+QA_EM_FORMAT_SCORE = 0.2
+"""``qa_em_format``'s fixed ``format_score`` (Search-R1's ``structure_format_score``)."""
 
 
 def qa_components(trajectory: Trajectory, ground_truth: GroundTruth) -> dict[str, float]:
@@ -68,13 +67,10 @@ def qa_f1(trajectory: Trajectory, ground_truth: GroundTruth) -> RewardResult:
 
 @REWARDS.register("qa_em_format")
 def qa_em_format(trajectory: Trajectory, ground_truth: GroundTruth) -> RewardResult:
-    """EM shaped by the tag protocol: 1 (right, well-formed), 1 - penalty (right, malformed),
-    bonus (wrong, well-formed), 0 (wrong, malformed)."""
-    c = qa_components(trajectory, ground_truth)
-    right, well_formed = bool(c["em"]), bool(c["format"])
-    table = {(True, True): 1.0, (True, False): 1.0 - FORMAT_PENALTY, (False, True): FORMAT_BONUS, (False, False): 0.0}
-    score = table[(right, well_formed)]
-    return RewardResult(score, c)
+    """``qa_em`` shaped with ``format_score=0.2``: 1 (right, well-formed), 0.8 (right, malformed), 0.2 (wrong,
+    well-formed), 0 (wrong, malformed). A fixed preset for one data source; the way to shape every source is
+    ``reward.format_score`` (``search_rl/reward/shaping.py``), and the two do not combine (``RewardConfig``)."""
+    return shape_reward(qa_em(trajectory, ground_truth), format_score=QA_EM_FORMAT_SCORE)
 
 
 def reward_fn_for(

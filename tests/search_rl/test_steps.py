@@ -99,4 +99,7 @@ def test_merged_rollout_metrics_and_reward_metrics():
     results = [RewardResult(1.0, {"em": 1.0}), RewardResult(0.0, {"em": 0.0}), RewardResult(0.0, {"em": 0.0})]
     m = reward_metrics(results, ["nq", "nq", "hotpotqa"], ["g1", "g1", "g2"])
     assert m["reward/nq/em"] == 0.5 and m["reward/hotpotqa/em"] == 0.0
-    assert m["reward/groups_all_equal"] == 0.5  # g2 (one sample, or identical rewards) teaches nothing
+    assert m["reward/groups_all_equal"] == 0.0  # g1 has a spread; g2 (one sample) has none to measure: left out
+    assert m["reward/groups_all_equal_em"] == 0.0
+    m = reward_metrics(results, ["nq", "nq", "hotpotqa"], ["g1", "g2", "g2"])
+    assert m["reward/groups_all_equal"] == 1.0  # g2's two samples both got 0: no GRPO signal
