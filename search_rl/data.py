@@ -14,7 +14,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pandas as pd
 import torch
@@ -150,18 +150,26 @@ class PromptDataset:
         return sorted(perm[:max_samples].tolist())
 
 
+class Batchable(Protocol):
+    """What ``PromptLoader`` serves from: ``PromptDataset`` (RL prompts) or ``sft.data.SFTDataset`` (examples)."""
+
+    def __len__(self) -> int: ...
+
+    def batch(self, indices: Sequence[int]) -> Any: ...
+
+
 class PromptLoader:
     """Endless batches of ``batch_size`` prompts × ``n_samples``; drops each epoch's incomplete last batch.
 
     Args:
-        dataset: tokenized rows.
+        dataset: tokenized rows (or any ``Batchable``).
         batch_size: prompts per batch.
         n_samples: samples per prompt (``rollout.n``); they are adjacent in the batch.
         shuffle: a new seeded order each epoch; else file order.
         seed: base seed of the orders.
     """
 
-    def __init__(self, dataset: PromptDataset, batch_size: int, n_samples: int, shuffle: bool, seed: int) -> None:
+    def __init__(self, dataset: Batchable, batch_size: int, n_samples: int, shuffle: bool, seed: int) -> None:
         if batch_size > len(dataset):
             raise ValueError(f"data.train_batch_size={batch_size} exceeds the {len(dataset)} training prompts")
         self.dataset, self.batch_size, self.n_samples = dataset, batch_size, n_samples
@@ -178,7 +186,7 @@ class PromptLoader:
             return list(range(len(self.dataset)))
         return torch.randperm(len(self.dataset), generator=torch.Generator().manual_seed(self.seed + epoch)).tolist()
 
-    def next_batch(self) -> PromptBatch:
+    def next_batch(self) -> Any:
         """The next batch, already repeated ``n_samples`` times per prompt."""
         if self.batches_taken >= self.batches_per_epoch:
             self.epoch, self.batches_taken = self.epoch + 1, 0

@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,7 @@ from search_rl.agent.retriever_client import RetrieverClient, RetrieverError
 from search_rl.checkpoint import CheckpointManager
 from search_rl.data import PromptDataset, PromptLoader, read_rows
 from search_rl.models import SMOLLM2, load_tokenizer
-from search_rl.models.loading import gguf_model_dir, smollm2_gguf_path
+from search_rl.models.loading import gguf_model_dir, local_model_dir, smollm2_gguf_path
 from search_rl.models.tiny import tiny_llama_config
 from search_rl.protocol import PromptBatch
 from search_rl.tracking import RolloutDumper, Tracker, build_tracker
@@ -51,7 +53,7 @@ def model_context_length(source: str, tokenizer: PreTrainedTokenizerBase) -> int
     if source == SMOLLM2 or source.endswith(".gguf"):
         directory = gguf_model_dir(smollm2_gguf_path() if source == SMOLLM2 else Path(source).expanduser())
     else:
-        directory = Path(source).expanduser()
+        directory = local_model_dir(source)
     return int(AutoConfig.from_pretrained(directory, local_files_only=True).max_position_embeddings)
 
 
@@ -186,29 +188,40 @@ def build_trainer(cfg: PPOConfig, prepared: Prepared, actor: Workers, critic: Wo
     )
 
 
-def train(cfg: PPOConfig, prepared: Prepared) -> list[tuple[int, dict[str, float]]]:
-    """Start Ray (unless already running), the workers and the loop; return the metric history."""
+@contextmanager
+def ray_session(address: str | None) -> Iterator[list[Any]]:
+    """Ray for one run: started here unless already running (then stopped here); the worker groups the block
+    appends to the yielded list are shut down on the way out, also on failure."""
     import ray
 
     started = False
     if not ray.is_initialized():
         ray.init(
-            address=cfg.trainer.ray_address,
+            address=address,
             include_dashboard=False,
             runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}},
         )
         started = True
-    actor = critic = None
+    groups: list[Any] = []
     try:
-        actor, critic = build_workers(cfg, resolve_device(cfg.trainer.device))
-        return build_trainer(cfg, prepared, actor, critic).fit()
+        yield groups
     finally:
-        prepared.tracker.close()
-        for group in (actor, critic):
+        for group in groups:
             if isinstance(group, WorkerGroup):
                 group.shutdown()
         if started:
             ray.shutdown()
+
+
+def train(cfg: PPOConfig, prepared: Prepared) -> list[tuple[int, dict[str, float]]]:
+    """Start Ray (unless already running), the workers and the loop; return the metric history."""
+    try:
+        with ray_session(cfg.trainer.ray_address) as groups:
+            actor, critic = build_workers(cfg, resolve_device(cfg.trainer.device))
+            groups += [actor, critic]
+            return build_trainer(cfg, prepared, actor, critic).fit()
+    finally:
+        prepared.tracker.close()
 
 
 def run(cfg: PPOConfig, config_dict: dict[str, Any] | None = None) -> list[tuple[int, dict[str, float]]]:

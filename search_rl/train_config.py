@@ -10,12 +10,14 @@ they exist (``do_search``, ``max_turns``, ``actor_rollout_ref.rollout.n``, ``tra
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from search_rl.algorithms import AlgorithmConfig
 from search_rl.config import HFEngineConfig, RetrieverClientConfig, RolloutConfig
@@ -441,6 +443,31 @@ def load_config(overrides: Sequence[str] = (), config_name: str = "ppo_trainer")
     return to_config(composed)
 
 
+def unknown_keys(node: Any, schema: type, prefix: str = "") -> list[str]:
+    """Dotted keys of ``node`` that ``schema`` (a dataclass) does not declare, recursively (keys added with Hydra's
+    ``+`` are otherwise accepted silently). Dict-typed fields such as ``reward.by_data_source`` take any key."""
+    if not dataclasses.is_dataclass(schema) or not isinstance(node, DictConfig):
+        return []
+    hints = typing.get_type_hints(schema)
+    out: list[str] = []
+    for key in node:
+        name = str(key)
+        if name not in hints:
+            out.append(prefix + name)
+        elif dataclasses.is_dataclass(hints[name]):
+            out += unknown_keys(node._get_node(name), hints[name], f"{prefix}{name}.")
+    return out
+
+
 def to_config(composed: object) -> Any:
-    """The dataclass tree of a composed ``DictConfig`` (interpolations resolved, ``__post_init__`` checks run)."""
+    """The dataclass tree of a composed ``DictConfig`` (interpolations resolved, ``__post_init__`` checks run).
+
+    Raises:
+        ConfigError: a key the schema does not have (a typo, or one added with ``+``).
+    """
+    if isinstance(composed, DictConfig):
+        schema = OmegaConf.get_type(composed)
+        unknown = unknown_keys(composed, schema) if isinstance(schema, type) else []
+        if unknown:
+            raise ConfigError(f"unknown config keys {unknown}; `--cfg job` prints every key (docs/configuration.md)")
     return OmegaConf.to_object(composed)  # type: ignore[arg-type]

@@ -211,10 +211,10 @@ class PPOTrainer:
 
     def update_critic(self, batch: TrainBatch) -> dict[str, float]:
         assert self.critic is not None
-        return _mean_dicts(self.critic.map_shards("update_critic", batch, self.step))
+        return mean_worker_metrics(self.critic.map_shards("update_critic", batch, self.step))
 
     def update_actor(self, batch: TrainBatch) -> dict[str, float]:
-        return _mean_dicts(self.actor.map_shards("update_actor", batch, self.step))
+        return mean_worker_metrics(self.actor.map_shards("update_actor", batch, self.step))
 
     def sync_weights(self) -> None:
         """Push the new weights to the rollout engines, versioned by the step that produced them."""
@@ -311,7 +311,7 @@ class PPOTrainer:
             m["perf/actor_update_tokens_per_s"] = m["perf/actor_update_tokens"] / max(m["timing/update_actor_s"], 1e-9)
 
 
-def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
+def mean_worker_metrics(dicts: list[dict[str, float]]) -> dict[str, float]:
     """Mean over workers of each metric; ``perf/*`` token counts are summed."""
     keys = sorted({k for d in dicts for k in d})
     out = {}

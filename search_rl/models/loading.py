@@ -6,7 +6,8 @@ Sources understood by ``load_model`` / ``load_tokenizer``:
   takes ~20 s, so the result is saved once as safetensors under ``$XDG_CACHE_HOME/search-rl/models/<name>-<hash>/``
   (``~/.cache/search-rl`` by default); the hash is of the GGUF's bytes, so a changed file converts again.
 - a path to any ``.gguf`` file: the same, keyed by that file's hash.
-- a local HF model directory (``config.json`` + weights): loaded as it is.
+- a local HF model directory (``config.json`` + weights): loaded as it is; a trainer checkpoint folder
+  (``global_step_N/``, from ``main_ppo`` or ``main_sft``) loads its ``actor/`` model.
 - ``"tiny"`` (model only): a 2-layer random Llama sized to the tokenizer, built deterministically on the fly.
 
 Nothing is ever downloaded: ``local_files_only=True`` on every ``from_pretrained``.
@@ -140,13 +141,25 @@ def gguf_model_dir(gguf: Path) -> Path:
 
 
 def _local_dir(source: str) -> Path:
+    """A local HF folder; a trainer checkpoint (``global_step_N/``) stands for its ``actor/`` model."""
     path = Path(source).expanduser()
+    if not (path / "config.json").is_file() and (path / "actor" / "config.json").is_file():
+        return path / "actor"
     if not (path / "config.json").is_file() and not (path / "tokenizer_config.json").is_file():
         raise FileNotFoundError(
             f"model source {source!r} is not {SMOLLM2!r}, 'tiny', a .gguf file, or a local HF directory "
             "with config.json (nothing is downloaded from a hub)"
         )
     return path
+
+
+def local_model_dir(source: str) -> Path:
+    """The HF folder a non-GGUF, non-``tiny`` source names (a checkpoint folder → its ``actor/``).
+
+    Raises:
+        FileNotFoundError: not a model folder.
+    """
+    return _local_dir(source)
 
 
 def load_tokenizer(source: str = SMOLLM2) -> PreTrainedTokenizerBase:

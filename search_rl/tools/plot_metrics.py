@@ -51,7 +51,7 @@ PANELS = (
         _matches(r"rollout/(searches_mean|turns_mean|valid_action_rate|answer_rate)"),
     ),
     Panel("timing", "Time per phase", "seconds", lambda k: k.startswith("timing/") and k != "timing/step_s"),
-    Panel("losses", "Losses", "loss", _matches(r"actor/(pg_loss|loss)|critic/vf_loss")),
+    Panel("losses", "Losses", "loss", _matches(r"actor/(pg_loss|loss)|critic/vf_loss|sft/nll")),
 )
 """The panels, in the order of the summary."""
 

@@ -6,6 +6,7 @@ loop and calls the typed methods below through ``WorkerGroup.broadcast`` / ``map
 - ``generate(prompts, greedy, seed)``: multi-turn search rollouts of its shard (``LLMGenerationManager``).
 - ``compute_log_prob(batch)`` / ``compute_ref_log_prob(batch)``: log-probs under the current / reference policy.
 - ``update_actor(batch, step)``: PPO epochs over mini/micro-batches with the masked actor loss.
+- ``update_sft(batch)``: one optimizer step of masked next-token log-likelihood (the warm start, ``main_sft``).
 - ``sync_weights(version)``: push the trained weights to the rollout engine, recording their version.
 - ``save_checkpoint(dir)`` / ``load_checkpoint(dir)``.
 
@@ -225,6 +226,34 @@ class ActorRolloutRefWorker:
             loss_agg_mode=self.algo.loss_agg_mode,
         )
         metrics["perf/actor_update_tokens"] = float(model_token_count(batch) * cfg.ppo_epochs)
+        D.release_memory()
+        return metrics
+
+    def update_sft(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimizer step of supervised fine-tuning on this worker's shard: the mean negative log-likelihood of
+        the ``loss_mask`` tokens (model turns; retrieved tokens never carry loss), token-mean over all ranks."""
+        assert self.trainable is not None
+        batch.require("loss_mask")
+
+        def loss_fn(micro: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
+            assert micro.loss_mask is not None
+            logprobs, _ = response_logprobs(self.module, micro, 1.0)
+            mask = micro.loss_mask.to(logprobs.device).float()
+            nll = -(logprobs * mask).sum() / mask.sum().clamp(min=1.0)
+            return nll, {"sft/nll": nll.item()}
+
+        metrics = self.trainable.ppo_update(
+            batch,
+            loss_fn,
+            mini_batch_size=len(batch),
+            micro_batch_size=self.actor_cfg.ppo_micro_batch_size_per_gpu,
+            epochs=1,
+            shuffle_seed=None,
+            loss_agg_mode="token-mean",
+        )
+        assert batch.loss_mask is not None
+        metrics["perf/actor_update_tokens"] = float(model_token_count(batch))
+        metrics["perf/sft_loss_tokens"] = float(batch.loss_mask.sum())
         D.release_memory()
         return metrics
 

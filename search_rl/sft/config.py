@@ -1,0 +1,112 @@
+"""Typed configuration of the warm start: the dataclasses behind ``configs/sft_trainer.yaml``.
+
+It shares the groups of ``configs/ppo_trainer.yaml`` where they mean the same thing — ``model``, the rollout
+(``actor_rollout_ref.rollout``: its budgets decide how examples are tokenized, and validation rolls out with it),
+``retriever`` (validation searches), ``trainer`` (loop length, checkpoints, workers, logging) — so an SFT run and the
+RL run that starts from it agree on budgets and layout by construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from search_rl.config import RetrieverClientConfig
+from search_rl.train_config import (
+    ActorConfig,
+    ConfigError,
+    DataConfig,
+    ModelConfig,
+    OptimConfig,
+    RewardConfig,
+    TrainerConfig,
+    TrainRolloutConfig,
+)
+
+SFT_TRAIN_FILE = "data/datasets/nq_hotpotqa_mini/sft_train.parquet"
+"""The shipped warm-start trajectories (``python -m data_prep.synth_sft``)."""
+
+
+@dataclass
+class SFTRolloutConfig:
+    """The rollout section the warm start shares with RL (``configs/rollout/*.yaml`` fill it)."""
+
+    rollout: TrainRolloutConfig = field(default_factory=TrainRolloutConfig)
+    """Budgets the examples must fit, and the search loop of validation."""
+
+
+@dataclass
+class SFTConfig:
+    """The root of ``configs/sft_trainer.yaml``."""
+
+    do_search: bool = True
+    """Validation rollouts execute ``<search>`` actions (Search-R1's key)."""
+    max_turns: int = 4
+    """Search turns per episode (validation; examples with more searches are left out and counted)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The starting policy."""
+    data: DataConfig = field(default_factory=lambda: DataConfig(train_files=[SFT_TRAIN_FILE], train_batch_size=16))
+    """Warm-start files (``train_files``), validation prompts (``val_files``), examples per step."""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=5e-5, weight_decay=0.0, lr_warmup_steps=5))
+    """AdamW of the policy."""
+    micro_batch_size_per_gpu: int = 4
+    """Examples per forward/backward pass on one worker (gradients accumulate over the step's batch)."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value (0 = no clipping)."""
+    mask_observations: bool = True
+    """Keep retrieved ``<information>`` tokens out of the loss, as the RL losses do (false = ablation)."""
+    actor_rollout_ref: SFTRolloutConfig = field(default_factory=SFTRolloutConfig)
+    """The rollout budgets and validation search loop (same keys as in ``ppo_trainer.yaml``)."""
+    retriever: RetrieverClientConfig = field(default_factory=RetrieverClientConfig)
+    """The retriever service validation queries."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Scoring of validation rollouts."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Loop length, validation and checkpoint schedule, workers, logging."""
+
+    def __post_init__(self) -> None:
+        if self.micro_batch_size_per_gpu < 1:
+            raise ConfigError(f"micro_batch_size_per_gpu must be >= 1, got {self.micro_batch_size_per_gpu}")
+        if self.grad_clip < 0:
+            raise ConfigError(f"grad_clip must be >= 0, got {self.grad_clip}")
+        if self.actor_rollout_ref.rollout.n is None:
+            self.actor_rollout_ref.rollout.n = 1
+
+    @property
+    def rollout(self) -> TrainRolloutConfig:
+        return self.actor_rollout_ref.rollout
+
+    def validate(self, max_model_len: int) -> None:
+        """Cross-field checks before Ray starts.
+
+        Raises:
+            ConfigError: an impossible length budget, or a batch that does not split over the workers.
+        """
+        try:
+            self.rollout.validate(max_model_len)
+        except ValueError as e:
+            raise ConfigError(f"impossible length budget: {e}") from e
+        if self.data.train_batch_size % self.trainer.n_workers:
+            raise ConfigError(
+                f"data.train_batch_size={self.data.train_batch_size} cannot be split evenly over "
+                f"trainer.n_workers={self.trainer.n_workers}"
+            )
+        if self.trainer.test_freq > 0 and not self.data.val_files:
+            raise ConfigError("trainer.test_freq > 0 but data.val_files is empty; add files or set test_freq=0")
+
+    def actor_config(self) -> ActorConfig:
+        """The worker's update settings: one optimizer step per batch, split into micro-batches."""
+        return ActorConfig(
+            optim=self.optim,
+            ppo_mini_batch_size=self.data.train_batch_size,
+            ppo_micro_batch_size_per_gpu=self.micro_batch_size_per_gpu,
+            ppo_epochs=1,
+            grad_clip=self.grad_clip,
+            shuffle=False,
+        )
+
+
+def register_sft_config() -> None:
+    """Register the schema in Hydra's ConfigStore (``sft_trainer.yaml`` lists it first in its defaults)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="sft_trainer_schema", node=SFTConfig)
