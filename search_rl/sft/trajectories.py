@@ -10,6 +10,7 @@ the very layout RL later samples in, and the loss mask keeps retrieved tokens ou
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,8 +23,15 @@ from search_rl.agent.observations import ObservationBuilder
 from search_rl.config import RolloutConfig
 from search_rl.datatypes import Passage, Segment, Trajectory, TrajectoryStats
 from search_rl.reward.format import format_ok
+from search_rl.reward.qa_em import normalize_answer
 
-SKIP_REASONS = ("prompt_too_long", "too_many_searches", "turn_too_long", "response_too_long")
+SKIP_REASONS = (
+    "prompt_too_long",
+    "too_many_searches",
+    "turn_too_long",
+    "response_too_long",
+    "answer_cut_from_observations",
+)
 """Why an example can be left out of training under the rollout budgets (each counted and reported)."""
 
 
@@ -74,6 +82,16 @@ def parse_turns(raw: Any, where: str, max_query_chars: int = 512) -> list[SFTTur
     return turns
 
 
+def contains_answer(text: str, answer: str) -> bool:
+    """Whether the normalised ``answer`` occurs in the normalised ``text`` on word boundaries.
+
+    >>> contains_answer("Doc 1(Title: Paris) Paris is the capital.", "paris"), contains_answer("Parisian", "Paris")
+    (True, False)
+    """
+    needle = normalize_answer(answer)
+    return bool(needle) and re.search(rf"(?<!\w){re.escape(needle)}(?!\w)", normalize_answer(text)) is not None
+
+
 def build_trajectory(
     prompt_ids: Sequence[int],
     turns: Sequence[SFTTurn],
@@ -84,7 +102,8 @@ def build_trajectory(
     """The token-exact trajectory of ``turns`` after ``prompt_ids``, as a rollout under ``cfg`` would build it.
 
     Raises:
-        SkipExample: the prompt, a turn, the number of searches or the whole response exceeds ``cfg``'s budgets.
+        SkipExample: the prompt, a turn, the number of searches or the whole response exceeds ``cfg``'s budgets, or
+            the observation budget cut the answer out of every passage (the model would learn to answer unseen).
     """
     if len(prompt_ids) > cfg.max_prompt_tokens:
         raise SkipExample("prompt_too_long", f"{len(prompt_ids)} > max_prompt_tokens={cfg.max_prompt_tokens}")
@@ -117,6 +136,12 @@ def build_trajectory(
         truncated, dropped = truncated + obs.tokens_truncated, dropped + obs.passages_dropped
     if len(ids) > cfg.max_response_tokens:
         raise SkipExample("response_too_long", f"{len(ids)} > max_response_tokens={cfg.max_response_tokens}")
+    answer = parse_action(turns[-1].text).content or ""
+    seen = [s.text for s in segments if s.kind == "observation"]
+    if seen and not any(contains_answer(text, answer) for text in seen):
+        raise SkipExample(
+            "answer_cut_from_observations", "the observation budget cut every passage text holding the answer"
+        )
     stats = TrajectoryStats(
         turns=len(turns),
         searches=searches,

@@ -11,6 +11,7 @@ import pytest
 from search_rl.agent.retriever_client import RetrieverClient
 from search_rl.config import RetrieverClientConfig
 from search_rl.data import REPO_ROOT
+from search_rl.sft.trajectories import contains_answer
 
 TRAIN = REPO_ROOT / "data/datasets/nq_hotpotqa_mini/train.parquet"
 
@@ -25,14 +26,22 @@ def turns_for(question: str, passages: list[dict[str, str]], answer: str) -> lis
 
 @pytest.fixture(scope="session")
 def sft_parquet(retriever_url: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Eight real training rows with one-search trajectories whose passages come from the real BM25 retriever."""
-    frame = pd.read_parquet(TRAIN).head(8).reset_index(drop=True)
+    """Eight real training rows with one-search trajectories whose passages come from the real BM25 retriever: the
+    first eight whose gold answer is in their top-2 passages (as ``data_prep.synth_sft`` keeps only those)."""
+    frame = pd.read_parquet(TRAIN).head(60).reset_index(drop=True)
     client = RetrieverClient(RetrieverClientConfig(url=retriever_url, topk=2))
     hits = asyncio.run(client.search(list(frame["question"]), 2))
-    frame["trajectory"] = [
-        turns_for(q, [{"id": p.id, "title": p.title, "text": p.text} for p in ps], str(rm["ground_truth"]["target"][0]))
-        for q, ps, rm in zip(frame["question"], hits, frame["reward_model"], strict=True)
-    ]
+    keep, trajectories = [], []
+    for i, (q, ps, rm) in enumerate(zip(frame["question"], hits, frame["reward_model"], strict=True)):
+        gold = next(
+            (str(g) for g in rm["ground_truth"]["target"] if any(contains_answer(p.text, str(g)) for p in ps)), None
+        )
+        if gold is not None and len(keep) < 8:
+            keep.append(i)
+            trajectories.append(turns_for(q, [{"id": p.id, "title": p.title, "text": p.text} for p in ps], gold))
+    assert len(keep) == 8, "the first 60 training rows should hold 8 answerable by BM25"
+    frame = frame.iloc[keep].reset_index(drop=True)
+    frame["trajectory"] = trajectories
     path = tmp_path_factory.mktemp("sft") / "sft.parquet"
     frame.to_parquet(path)
     return path

@@ -58,7 +58,10 @@ def test_same_tokens_and_mask_as_the_rollout(tokenizer, retriever_url, make_scri
 def test_observation_budget_applies_as_in_rollout(tokenizer, retriever_url, make_prompt):
     client = RetrieverClient(RetrieverClientConfig(url=retriever_url, topk=3))
     hits = asyncio.run(client.search(["Nobel Prize in Physics"]))[0]
-    turns = [SFTTurn("<search> Nobel Prize in Physics </search>", tuple(hits)), SFTTurn("<answer> x </answer>")]
+    turns = [
+        SFTTurn("<search> Nobel Prize in Physics </search>", tuple(hits)),
+        SFTTurn("<answer> Nobel Prize </answer>"),
+    ]
     built = build_trajectory(
         make_prompt("q"), turns, tokenizer, ObservationBuilder(tokenizer), _rollout_cfg(max_obs_tokens=60)
     )
