@@ -103,6 +103,8 @@ class TrainableModel:
         self, mini: TrainBatch, loss_fn: LossFn, micro_batch_size: int, loss_agg_mode: str
     ) -> dict[str, float]:
         assert mini.loss_mask is not None
+        # Micro-batches of similar lengths pad less (each is cut to its longest row); the weighted sum is order-free.
+        mini = mini.select(torch.argsort(mini.attention_mask.sum(-1), stable=True))
         micros = mini.split_by_size(micro_batch_size)
         weights = [aggregation_weight(m.loss_mask, loss_agg_mode) for m in micros]  # type: ignore[arg-type]
         total = all_reduce_sum(sum(weights), self.spec)

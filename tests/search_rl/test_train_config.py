@@ -25,10 +25,21 @@ from hydra.errors import ConfigCompositionException
 from retriever_server.launcher import free_port
 from search_rl import main_eval, train_config
 from search_rl.main_ppo import prepare
+from search_rl.sft import config as sft_config
 from search_rl.train_config import CONFIG_DIR, ConfigError, PPOConfig, load_config
 
 REPO = Path(__file__).resolve().parents[2]
-MY_YAMLS = ["ppo_trainer.yaml", "eval.yaml", "model", "algorithm", "rollout", "data", "retriever", "trainer"]
+MY_YAMLS = [
+    "ppo_trainer.yaml",
+    "eval.yaml",
+    "sft_trainer.yaml",
+    "model",
+    "algorithm",
+    "rollout",
+    "data",
+    "retriever",
+    "trainer",
+]
 
 
 def test_defaults_are_ppo_with_critic_and_grpo_switches():
@@ -125,7 +136,7 @@ def test_every_yaml_key_has_a_comment_above_and_no_inline_comment():
 
 def test_every_field_has_an_attribute_docstring():
     checked = 0
-    for module in (train_config, main_eval):
+    for module in (train_config, main_eval, sft_config):
         tree = ast.parse(inspect.getsource(module))
         for node in tree.body:
             cls = getattr(module, getattr(node, "name", ""), None)
@@ -182,3 +193,13 @@ def test_cli_unreachable_retriever_fails_fast_saying_how_to_start_it(tmp_path):
     assert proc.returncode == 2, out
     assert f"retriever at http://127.0.0.1:{port} is not reachable" in out
     assert "uvicorn retriever_server.app:app" in out and "Started a local Ray instance" not in out
+
+
+@pytest.mark.parametrize("override", ["+no_such_key=1", "+data.train_fils=[x.parquet]", "+trainer.steps=3"])
+def test_keys_the_schema_lacks_are_errors_even_with_plus(override):
+    with pytest.raises(ConfigError, match="unknown config keys"):
+        load_config([override])
+
+
+def test_new_dict_entries_are_still_allowed():
+    assert load_config(["+reward.by_data_source.nq=qa_f1"]).reward.by_data_source == {"nq": "qa_f1"}
