@@ -25,7 +25,10 @@ logger = logging.getLogger(__name__)
 CONSOLE_KEYS = (
     ("reward", "reward/score_mean"),
     ("em", "reward/em"),
+    ("no_signal", "reward/groups_all_equal"),
     ("val_em", "val/all/em"),
+    ("nll", "sft/nll"),
+    ("epoch", "train/epoch"),
     ("searches", "rollout/searches_mean"),
     ("resp_len", "response_length/mean"),
     ("kl", "actor/kl_loss"),

@@ -1,0 +1,377 @@
+"""The learning benchmark: does RL on top of the warm start beat the warm start and naive RAG? (docs/learning.md)
+
+Six rows on the same fixed, seeded subset of the shipped test split, the same retriever and the same greedy
+decoding, each scored by ``main_eval`` (EM / sub-EM / F1, answer rate, searches per question):
+
+1. base model with the search protocol        4. after the warm start only (``main_sft``)
+2. base model closed-book                      5. warm start + GRPO (``main_ppo algorithm=grpo``)
+3. base model with naive RAG (top-3 inlined)   6. warm start + PPO (``main_ppo algorithm=ppo``, with a critic)
+
+Every phase runs as the user would run it: the exact ``python -m search_rl.main_*`` command lines (written to
+``commands.sh``) in subprocesses, logs in the output folder. Results: ``results.json``, ``results.md`` (the table,
+seconds per step by phase, example trajectories), and the training curves as PNGs (``plots/``).
+
+    python bench/learning_bench.py --quick                         # a few minutes: tiny budgets, proves the pipeline
+    python bench/learning_bench.py                                 # about an hour on 2 CPU cores
+    python bench/learning_bench.py --retriever-url http://127.0.0.1:8000/retrieve --out runs/learning_bench
+
+Without ``--retriever-url`` it starts the default dense retriever (``uvicorn retriever_server.app:app``) itself.
+Last line: ``learning_bench base=<em> rag=<em> sft=<em> grpo=<em> ppo=<em>`` (EM over the evaluated questions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much of everything one benchmark run spends."""
+
+    eval_questions: int
+    sft_steps: int
+    sft_batch: int
+    rl_steps: int
+    rl_prompts: int
+    group_size: int
+    max_turns: int = 2
+    max_turn_tokens: int = 128
+    max_obs_tokens: int = 256
+
+
+FULL = Budget(eval_questions=100, sft_steps=30, sft_batch=8, rl_steps=6, rl_prompts=4, group_size=4)
+QUICK = Budget(eval_questions=8, sft_steps=4, sft_batch=4, rl_steps=1, rl_prompts=2, group_size=2)
+
+RL_DEFAULTS = (
+    "actor_rollout_ref.actor.optim.lr=1e-5",
+    "reward.partial_credit=f1",
+    "reward.partial_credit_weight=0.5",
+)
+"""RL settings of the benchmark (before ``--rl-override``): a learning rate a 135M model moves at in a few steps,
+and F1 partial credit so that groups of wrong answers still differ (docs/learning.md says why)."""
+
+ROWS = (
+    ("base", "base model, search protocol"),
+    ("closed_book", "base model, closed-book"),
+    ("naive_rag", "base model, naive RAG (top-3 inlined)"),
+    ("sft", "warm start (SFT) only"),
+    ("grpo", "warm start + GRPO"),
+    ("ppo", "warm start + PPO"),
+)
+
+
+@dataclass
+class Bench:
+    """The run: output folder, retriever, budgets, and what has been recorded so far."""
+
+    out: Path
+    url: str
+    budget: Budget
+    sft_overrides: list[str] = field(default_factory=list)
+    rl_overrides: list[str] = field(default_factory=list)
+    commands: list[str] = field(default_factory=list)
+    results: dict[str, dict[str, float]] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def shared(self, rollout_key: str) -> list[str]:
+        """Overrides every trainer and evaluation run shares: the same retriever, search loop and budgets for all
+        rows (``rollout_key``: ``actor_rollout_ref.rollout`` in the trainers, ``rollout`` in ``main_eval``)."""
+        b = self.budget
+        return [
+            f"retriever.url={self.url}",
+            f"max_turns={b.max_turns}",
+            f"{rollout_key}.max_turn_tokens={b.max_turn_tokens}",
+            f"{rollout_key}.max_obs_tokens={b.max_obs_tokens}",
+        ]
+
+    def run(self, name: str, module: str, overrides: list[str]) -> None:
+        """Run ``python -m <module> <overrides>`` from the repository root, log to ``<out>/logs/<name>.log``."""
+        argv = [sys.executable, "-m", module, *overrides]
+        self.commands.append(f"python -m {module} " + " ".join(shlex.quote(o) for o in overrides))
+        (self.out / "logs").mkdir(parents=True, exist_ok=True)
+        log = self.out / "logs" / f"{name}.log"
+        print(f"[{time.strftime('%H:%M:%S')}] {name}: {self.commands[-1]}", flush=True)
+        start = time.perf_counter()
+        with log.open("w") as f:
+            proc = subprocess.run(argv, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, check=False)
+        self.seconds[name] = time.perf_counter() - start
+        if proc.returncode != 0:
+            tail = "\n".join(log.read_text().splitlines()[-25:])
+            raise SystemExit(f"{name} failed (exit {proc.returncode}); last lines of {log}:\n{tail}")
+        print(f"[{time.strftime('%H:%M:%S')}] {name}: done in {self.seconds[name]:.0f} s", flush=True)
+
+    def evaluate(self, row: str, model: str, baseline: str) -> None:
+        """Greedy ``main_eval`` of ``model`` with ``baseline`` on the benchmark's questions; records the metrics."""
+        b = self.budget
+        folder = self.out / "eval" / row
+        self.run(
+            f"eval_{row}",
+            "search_rl.main_eval",
+            [
+                f"model.path={model}",
+                f"baseline={baseline}",
+                f"data.max_samples={b.eval_questions}",
+                f"output_dir={folder}",
+                *self.shared("rollout"),
+            ],
+        )
+        (metrics_file,) = sorted(folder.glob("*/metrics.json"))[-1:]
+        self.results[row] = json.loads(metrics_file.read_text())
+
+    def train_sft(self) -> Path:
+        b = self.budget
+        run_dir = self.out / "sft"
+        self.run(
+            "sft",
+            "search_rl.main_sft",
+            [
+                f"trainer.default_local_dir={run_dir}",
+                f"trainer.total_training_steps={b.sft_steps}",
+                f"trainer.save_freq={b.sft_steps}",
+                "trainer.test_freq=0",
+                "trainer.resume=disable",
+                "trainer.logger=[console,jsonl]",
+                f"data.train_batch_size={b.sft_batch}",
+                *self.shared("actor_rollout_ref.rollout"),
+                *self.sft_overrides,
+            ],
+        )
+        return run_dir / f"global_step_{b.sft_steps}"
+
+    def train_rl(self, algorithm: str, start: Path) -> Path:
+        b = self.budget
+        run_dir = self.out / algorithm
+        grpo = algorithm == "grpo"
+        prompts = b.rl_prompts if grpo else b.rl_prompts * b.group_size
+        self.run(
+            algorithm,
+            "search_rl.main_ppo",
+            [
+                f"algorithm={algorithm}",
+                f"model.path={start}",
+                f"trainer.default_local_dir={run_dir}",
+                f"trainer.total_training_steps={b.rl_steps}",
+                f"trainer.save_freq={b.rl_steps}",
+                "trainer.test_freq=0",
+                "trainer.resume=disable",
+                "trainer.logger=[console,jsonl]",
+                # every worker gets all cores: the loop's phases (actor, critic) never compute at the same time
+                f"trainer.torch_threads_per_worker={os.cpu_count() or 1}",
+                # the same samples per step for both: GRPO prompts x group, PPO as many prompts x 1
+                f"data.train_batch_size={prompts}",
+                f"actor_rollout_ref.rollout.n={b.group_size if grpo else 1}",
+                # two optimizer steps per batch: more updates for the same rollouts
+                f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts // 2}",
+                *self.shared("actor_rollout_ref.rollout"),
+                *RL_DEFAULTS,
+                *self.rl_overrides,
+            ],
+        )
+        return run_dir / f"global_step_{b.rl_steps}"
+
+
+def phase_seconds(run_dir: Path) -> dict[str, float]:
+    """Mean seconds per step of each ``timing/*`` phase over a run's ``metrics.jsonl`` (first step left out)."""
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    rows = lines[1:] or lines
+    keys = sorted({k for r in rows for k in r if k.startswith("timing/")})
+    return {k.removeprefix("timing/"): sum(r.get(k, 0.0) for r in rows) / len(rows) for k in keys}
+
+
+def examples(folder: Path, n: int = 3) -> list[dict[str, object]]:
+    """The first ``n`` evaluated trajectories that searched (or any, if none did), from ``trajectories.jsonl``."""
+    (path,) = sorted(folder.glob("*/trajectories.jsonl"))[-1:]
+    records = [json.loads(x) for x in path.read_text().splitlines()]
+    searched = [r for r in records if r["stats"]["searches"] > 0]
+    picked = (searched or records)[:n]
+    return [
+        {"question": r["question"], "gold": r["gold"], "response": r["response"], "em": r["reward_components"]["em"]}
+        for r in picked
+    ]
+
+
+def lenient_subem(folder: Path) -> float:
+    """Share of questions with a gold answer anywhere in the model's own text (every model turn, tags or not;
+    never the inserted passages): credits an untrained model that answers in a sentence, as the issue measured."""
+    from search_rl.reward import sub_exact_match
+
+    (path,) = sorted(folder.glob("*/trajectories.jsonl"))[-1:]
+    records = [json.loads(x) for x in path.read_text().splitlines()]
+    hits = [
+        sub_exact_match(" ".join(s["text"] for s in r["segments"] if s["kind"] == "model"), r["gold"]) for r in records
+    ]
+    return sum(hits) / max(len(hits), 1)
+
+
+def per_question_em(folder: Path) -> dict[str, float]:
+    """EM of every evaluated question, by its row id."""
+    (path,) = sorted(folder.glob("*/trajectories.jsonl"))[-1:]
+    return {r["uid"]: r["reward_components"]["em"] for r in map(json.loads, path.read_text().splitlines())}
+
+
+def paired(out: Path, base: str, other: str) -> dict[str, float]:
+    """Questions ``other`` gets right and ``base`` wrong (``better``), the reverse (``worse``), and the exact two-sided
+    McNemar p-value of that split: is the EM difference more than noise on these questions?"""
+    a, b = per_question_em(out / "eval" / base), per_question_em(out / "eval" / other)
+    better = sum(1 for k in a if b[k] > a[k])
+    worse = sum(1 for k in a if b[k] < a[k])
+    n = better + worse
+    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(min(better, worse) + 1)) / 2**n) if n else 1.0
+    return {"better": better, "worse": worse, "p": p}
+
+
+def table(bench: Bench) -> str:
+    """The six-row markdown table."""
+    head = (
+        "| # | model | EM | sub-EM | F1 | answer rate | searches / question | gold in model text (lenient) |\n"
+        "|---|---|---|---|---|---|---|---|"
+    )
+    lines = [head]
+    for i, (row, label) in enumerate(ROWS, 1):
+        m = bench.results.get(row)
+        if m is None:
+            lines.append(f"| {i} | {label} | – | – | – | – | – | – |")
+            continue
+        lines.append(
+            f"| {i} | {label} | {m['eval/all/em']:.3f} | {m['eval/all/subem']:.3f} | {m['eval/all/f1']:.3f} "
+            f"| {m['eval/all/answer_rate']:.2f} | {m['eval/all/searches']:.2f} "
+            f"| {lenient_subem(bench.out / 'eval' / row):.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def write_report(bench: Bench, started: float) -> None:
+    from search_rl.tools.plot_metrics import plot_run
+
+    out = bench.out
+    timings = {
+        name: phase_seconds(out / name) for name in ("sft", "grpo", "ppo") if (out / name / "metrics.jsonl").is_file()
+    }
+    plots = {name: [str(p.relative_to(out)) for p in plot_run(out / name, out / "plots" / name)] for name in timings}
+    pairs = {
+        f"{other} vs {base}": paired(out, base, other)
+        for base, other in (("sft", "grpo"), ("sft", "ppo"), ("naive_rag", "sft"), ("naive_rag", "grpo"))
+        if base in bench.results and other in bench.results
+    }
+    trajectories = {
+        row: examples(out / "eval" / row) for row in ("sft", "grpo", "ppo") if (out / "eval" / row).is_dir()
+    }
+    payload = {
+        "budget": vars(bench.budget),
+        "retriever": bench.url,
+        "results": bench.results,
+        "seconds_per_step": timings,
+        "wall_seconds": {**bench.seconds, "total": time.time() - started},
+        "commands": bench.commands,
+        "plots": plots,
+        "examples": trajectories,
+        "paired": pairs,
+    }
+    (out / "results.json").write_text(json.dumps(payload, indent=1, ensure_ascii=False))
+    (out / "commands.sh").write_text("#!/bin/sh\nset -e\n" + "\n".join(bench.commands) + "\n")
+    md = [
+        f"# Learning benchmark ({time.strftime('%Y-%m-%d')})",
+        "",
+        table(bench),
+        "",
+        "## Paired comparisons (EM, same questions)",
+        "",
+    ]
+    md += [
+        f"- {name}: better on {v['better']}, worse on {v['worse']} questions; exact McNemar p = {v['p']:.3f}"
+        for name, v in pairs.items()
+    ]
+    md += ["", "## Seconds per step by phase", ""]
+    for name, phases in timings.items():
+        md.append(f"- **{name}**: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
+    md += ["", "## Wall time per command (s)", ""]
+    md += [f"- {k}: {v:.0f}" for k, v in payload["wall_seconds"].items()]
+    md += ["", "## Commands", "", "```sh", *bench.commands, "```", "", "## Example trajectories", ""]
+    for row, recs in trajectories.items():
+        for r in recs:
+            md += [
+                f"**{row}** — {r['question']} (gold {r['gold']}, EM {r['em']})",
+                "",
+                "```",
+                str(r["response"]),
+                "```",
+                "",
+            ]
+    (out / "results.md").write_text("\n".join(md))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--quick", action="store_true", help="tiny budgets (a few minutes): proves the pipeline, not learning"
+    )
+    ap.add_argument("--retriever-url", default=None, help="a running retriever; default: start the dense one")
+    ap.add_argument("--out", type=Path, default=None, help="output folder (default runs/learning_bench[_quick])")
+    ap.add_argument("--model", default="smollm2-135m-instruct", help="the base model")
+    ap.add_argument("--sft-override", action="append", default=[], help="extra main_sft override (repeatable)")
+    ap.add_argument(
+        "--rl-override", action="append", default=[], help="extra main_ppo override, both runs (repeatable)"
+    )
+    ap.add_argument("--rows", default="base,closed_book,naive_rag,sft,grpo,ppo", help="rows to run (comma-separated)")
+    ap.add_argument("--report-only", action="store_true", help="rewrite the report of a finished run, run nothing")
+    args = ap.parse_args()
+    budget = QUICK if args.quick else FULL
+    out = (args.out or REPO / ("runs/learning_bench_quick" if args.quick else "runs/learning_bench")).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    rows = set(args.rows.split(","))
+    started = time.time()
+    if args.report_only:
+        previous = json.loads((out / "results.json").read_text())
+        bench = Bench(out, previous["retriever"], budget, commands=previous["commands"])
+        bench.results, bench.seconds = previous["results"], previous["wall_seconds"]
+        started = time.time() - bench.seconds.pop("total")
+        write_report(bench, started)
+        print((out / "results.md").read_text().split("\n## ")[0])
+        return
+    with contextlib.ExitStack() as stack:
+        url = args.retriever_url
+        if url is None:
+            from retriever_server.launcher import RetrieverProcess
+
+            server = stack.enter_context(
+                RetrieverProcess(log_path=out / "logs" / "retriever.log", ready_timeout_s=1800)
+            )
+            url = server.url + "/retrieve"
+        bench = Bench(out, url, budget, args.sft_override, args.rl_override)
+        try:
+            for row, baseline in (("base", "search"), ("closed_book", "no_search"), ("naive_rag", "naive_rag")):
+                if row in rows:
+                    bench.evaluate(row, args.model, baseline)
+            if rows & {"sft", "grpo", "ppo"}:
+                sft = bench.train_sft()
+                if "sft" in rows:
+                    bench.evaluate("sft", str(sft), "search")
+                for algorithm in ("grpo", "ppo"):
+                    if algorithm in rows:
+                        bench.evaluate(algorithm, str(bench.train_rl(algorithm, sft)), "search")
+        finally:
+            write_report(bench, started)
+    print((out / "results.md").read_text().split("\n## ")[0])
+    em = {
+        row: bench.results[row]["eval/all/em"]
+        for row in ("base", "naive_rag", "sft", "grpo", "ppo")
+        if row in bench.results
+    }
+    names = {"base": "base", "naive_rag": "rag", "sft": "sft", "grpo": "grpo", "ppo": "ppo"}
+    print("learning_bench " + " ".join(f"{names[k]}={v:.3f}" for k, v in em.items()))
+
+
+if __name__ == "__main__":
+    main()
