@@ -27,7 +27,6 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from search_rl.agent.actions import STOP_STRINGS
 from search_rl.agent.generation_manager import LLMGenerationManager
 from search_rl.agent.prompts import encode_prompt
 from search_rl.agent.retriever_client import RetrieverClient
@@ -36,6 +35,7 @@ from search_rl.datatypes import Generated, GroundTruth, RolloutResult, SamplingP
 from search_rl.models import SMOLLM2, load_model, load_tokenizer
 from search_rl.reward import compute_reward
 from search_rl.rollout.hf import HFEngine
+from search_rl.tags import STOP_STRINGS
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "datasets" / "nq_hotpotqa_mini" / "test.parquet"
 

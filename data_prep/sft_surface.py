@@ -13,18 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from search_rl.agent.actions import (
-    ANSWER_CLOSE,
-    ANSWER_OPEN,
-    SEARCH_CLOSE,
-    SEARCH_OPEN,
-    THINK_CLOSE,
-    THINK_OPEN,
-    parse_action,
-)
+from search_rl.agent.actions import parse_action
 from search_rl.datatypes import Passage
 from search_rl.reward.format import format_ok
 from search_rl.reward.qa_em import normalize_answer
+from search_rl.tags import ANSWER_CLOSE, ANSWER_OPEN, SEARCH_CLOSE, SEARCH_OPEN, THINK_CLOSE, THINK_OPEN
 
 MAX_THOUGHT_WORDS = 24
 MAX_ENTITIES = 6

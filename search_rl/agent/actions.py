@@ -1,6 +1,6 @@
-"""The tag protocol and action parsing: what the model may do in a turn (search or answer), read from its new text.
+"""Action parsing: what the model may do in a turn (search or answer), read from its new text.
 
-Tag strings and the corrective feedback texts are constants here; nothing else in the code spells them out.
+The tags and the corrective feedback texts are constants of ``search_rl.tags``.
 """
 
 from __future__ import annotations
@@ -9,25 +9,16 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-SEARCH_OPEN, SEARCH_CLOSE = "<search>", "</search>"
-ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
-INFO_OPEN, INFO_CLOSE = "<information>", "</information>"
-
-STOP_STRINGS: tuple[str, ...] = (SEARCH_CLOSE, ANSWER_CLOSE)
-"""The engine stops a turn right after either closing tag."""
-
-INVALID_ACTION_FEEDBACK = (
-    "\nMy previous action is invalid. If I want to search, I should put the query between <search> and </search>. "
-    "If I want to give the final answer, I should put the answer between <answer> and </answer>. Let me try again.\n"
+from search_rl.tags import (
+    ANSWER_CLOSE,
+    ANSWER_OPEN,
+    EMPTY_ANSWER_FEEDBACK,
+    EMPTY_QUERY_FEEDBACK,
+    INVALID_ACTION_FEEDBACK,
+    LONG_QUERY_FEEDBACK,
+    SEARCH_CLOSE,
+    SEARCH_OPEN,
 )
-"""Shown after a turn with no complete ``<search>``/``<answer>`` (Search-R1's wording, which its models know)."""
-EMPTY_QUERY_FEEDBACK = "\nMy previous search query was empty. I should put a query between <search> and </search>.\n"
-"""Shown after ``<search></search>`` with nothing (but whitespace) inside."""
-LONG_QUERY_FEEDBACK = "\nMy previous search query was too long. I should search for a short query.\n"
-"""Shown after a query over ``rollout.max_query_chars``."""
-EMPTY_ANSWER_FEEDBACK = "\nMy previous answer was empty. I should put the answer between <answer> and </answer>.\n"
-"""Shown after ``<answer></answer>`` with nothing inside."""
 
 ActionKind = Literal["search", "answer", "invalid"]
 

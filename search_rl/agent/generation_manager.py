@@ -25,8 +25,8 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from search_rl.agent.actions import STOP_STRINGS, parse_action
-from search_rl.agent.observations import RETRIEVER_ERROR_TEXT, Observation, ObservationBuilder
+from search_rl.agent.actions import parse_action
+from search_rl.agent.observations import Observation, ObservationBuilder
 from search_rl.agent.retriever_client import RetrieverError
 from search_rl.config import RolloutConfig
 from search_rl.datatypes import (
@@ -40,6 +40,7 @@ from search_rl.datatypes import (
     TrajectoryStats,
 )
 from search_rl.rollout.base import RolloutEngine
+from search_rl.tags import RETRIEVER_ERROR_TEXT, STOP_STRINGS
 
 logger = logging.getLogger(__name__)
 

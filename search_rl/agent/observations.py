@@ -1,9 +1,9 @@
 """Observations inserted into the response: retrieved passages, corrective feedback, retriever errors.
 
 Retrieved passages become ``\\n\\n<information>Doc 1(Title: T) text\\nDoc 2(Title: U) text</information>\\n\\n``
-(Search-R1's layout). Each fixed piece (tags, ``Doc i(Title: …)`` headers, separators) and each passage text is
-encoded separately and the ids concatenated, so passage text can be cut at an exact token count while the tags
-are never cut; decoding the ids gives back exactly ``Observation.text``.
+(Search-R1's layout; its pieces are in ``search_rl.tags``). Each fixed piece (tags, ``Doc i(Title: …)`` headers,
+separators) and each passage text is encoded separately and the ids concatenated, so passage text can be cut at an
+exact token count while the tags are never cut; decoding the ids gives back exactly ``Observation.text``.
 """
 
 from __future__ import annotations
@@ -13,21 +13,8 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from search_rl.agent.actions import INFO_CLOSE, INFO_OPEN
 from search_rl.datatypes import Passage
-
-OBS_PREFIX = f"\n\n{INFO_OPEN}"
-OBS_SUFFIX = f"{INFO_CLOSE}\n\n"
-DOC_SEPARATOR = "\n"
-RETRIEVER_ERROR_TEXT = "Search failed: the search engine is unavailable. Answer with what I already know."
-"""Body of the observation shown when the retriever fails and ``rollout.on_retriever_error=observe``."""
-NO_RESULTS_TEXT = "No results."
-"""Body of the observation when the retriever returns no passage for a query."""
-
-
-def doc_header(index: int, title: str) -> str:
-    """``Doc {index}(Title: {title})`` — the text before a passage (1-based index)."""
-    return f"Doc {index}(Title: {title})"
+from search_rl.tags import DOC_SEPARATOR, NO_RESULTS_TEXT, OBS_PREFIX, OBS_SUFFIX, doc_header, format_docs
 
 
 def format_passages(passages: Sequence[Passage]) -> str:
@@ -36,7 +23,7 @@ def format_passages(passages: Sequence[Passage]) -> str:
     >>> format_passages([Passage("7", "Paris", "Paris is the capital of France.")])
     '\\n\\n<information>Doc 1(Title: Paris) Paris is the capital of France.</information>\\n\\n'
     """
-    body = DOC_SEPARATOR.join(f"{doc_header(i + 1, p.title)} {p.text}" for i, p in enumerate(passages))
+    body = format_docs((p.title, p.text) for p in passages)
     return OBS_PREFIX + (body or NO_RESULTS_TEXT) + OBS_SUFFIX
 
 

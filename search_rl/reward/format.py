@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from search_rl.agent.actions import (
+from search_rl.tags import (
     ANSWER_CLOSE,
     ANSWER_OPEN,
     INFO_CLOSE,

@@ -12,7 +12,7 @@ import unicodedata
 from collections import Counter
 from collections.abc import Sequence
 
-from search_rl.agent.actions import ANSWER_CLOSE, ANSWER_OPEN
+from search_rl.tags import ANSWER_CLOSE, ANSWER_OPEN
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
 _ANSWER_RE = re.compile(f"{re.escape(ANSWER_OPEN)}(.*?){re.escape(ANSWER_CLOSE)}", re.DOTALL)

@@ -7,14 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from search_rl.agent.actions import (
-    EMPTY_ANSWER_FEEDBACK,
-    EMPTY_QUERY_FEEDBACK,
-    INVALID_ACTION_FEEDBACK,
-    LONG_QUERY_FEEDBACK,
-    Action,
-    parse_action,
-)
+from search_rl.agent.actions import Action, parse_action
+from search_rl.tags import EMPTY_ANSWER_FEEDBACK, EMPTY_QUERY_FEEDBACK, INVALID_ACTION_FEEDBACK, LONG_QUERY_FEEDBACK
 
 
 @pytest.mark.parametrize(

@@ -12,12 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from search_rl.agent.actions import EMPTY_QUERY_FEEDBACK, INVALID_ACTION_FEEDBACK, STOP_STRINGS
 from search_rl.agent.generation_manager import LLMGenerationManager
-from search_rl.agent.observations import OBS_PREFIX, OBS_SUFFIX
 from search_rl.agent.retriever_client import RetrieverClient
 from search_rl.config import RetrieverClientConfig, RolloutConfig
 from search_rl.datatypes import RolloutBatch
+from search_rl.tags import EMPTY_QUERY_FEEDBACK, INVALID_ACTION_FEEDBACK, OBS_PREFIX, OBS_SUFFIX, STOP_STRINGS
 
 pytestmark = pytest.mark.integration
 

@@ -7,14 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from search_rl.agent.observations import (
-    OBS_PREFIX,
-    OBS_SUFFIX,
-    ObservationBuilder,
-    format_passages,
-    water_fill,
-)
+from search_rl.agent.observations import ObservationBuilder, format_passages, water_fill
 from search_rl.datatypes import Passage
+from search_rl.tags import OBS_PREFIX, OBS_SUFFIX
 
 PASSAGES = [
     Passage("1", "Paris", "Paris is the capital and most populous city of France. " * 4),

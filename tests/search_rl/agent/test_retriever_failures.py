@@ -14,9 +14,9 @@ import pytest
 
 from retriever_server.launcher import RetrieverProcess, free_port
 from search_rl.agent.generation_manager import LLMGenerationManager
-from search_rl.agent.observations import RETRIEVER_ERROR_TEXT
 from search_rl.agent.retriever_client import RetrieverClient, RetrieverError
 from search_rl.config import RetrieverClientConfig, RolloutConfig
+from search_rl.tags import RETRIEVER_ERROR_TEXT
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
