@@ -1,8 +1,9 @@
 """Prompt data: Search-R1 parquet rows → tokenized ``PromptBatch``es, with a resumable, seeded loader.
 
-``PromptDataset`` reads the rows once (``docs/data.md``: ``prompt`` chat messages, ``data_source``,
-``reward_model.ground_truth.target``, ``extra_info.id``, ``question``) and tokenizes every prompt with the
-policy's chat template. ``PromptLoader`` hands out batches of ``train_batch_size`` prompts, each repeated
+``read_rows`` reads the rows once and validates each against ``RowSchema`` (``docs/data.md``: ``prompt`` chat
+messages, ``data_source``, ``reward_model.ground_truth.target``, ``extra_info.id``, ``question``): a file with an
+invalid row is refused with the file, row and field named, never half-read. ``PromptDataset`` tokenizes every
+prompt with the policy's chat template. ``PromptLoader`` hands out batches of ``train_batch_size`` prompts, each repeated
 ``rollout.n`` times in a row; the samples of a prompt share its globally unique id, which keys its GRPO group.
 Its position is two integers (epoch, batches taken in that epoch) and each epoch's order is a permutation seeded by
 ``seed + epoch``, so ``state_dict``/``load_state_dict`` resume exactly where a run stopped.
@@ -11,13 +12,16 @@ Its position is two integers (epoch, batches taken in that epoch) and each epoch
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
+import numpy as np
 import pandas as pd
 import torch
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 from transformers import PreTrainedTokenizerBase
 
 from search_rl.agent.prompts import encode_prompt
@@ -55,37 +59,132 @@ class PromptRow:
     index: int
 
 
-def _row(record: dict[str, Any], file: Path, position: int) -> PromptRow:
-    extra = record["extra_info"] or {}
-    uid = extra.get("id")
-    if not uid:
-        raise ValueError(f"{file} row {position}: extra_info.id is missing; GRPO groups need a unique id per row")
-    targets = record["reward_model"]["ground_truth"]["target"]
-    messages = tuple({"role": str(m["role"]), "content": str(m["content"])} for m in record["prompt"])
+Text = Annotated[str, StringConstraints(strict=True, pattern=r"\S")]
+"""A string with at least one non-space character (no numbers taken for strings, no blank values)."""
+
+
+class _Schema(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class _Message(_Schema):
+    role: Text
+    content: Text
+
+
+class _GroundTruth(_Schema):
+    target: list[Text] = Field(min_length=1)
+
+
+class _RewardModel(_Schema):
+    ground_truth: _GroundTruth
+
+
+class _ExtraInfo(_Schema):
+    id: Text
+    index: int | None = None
+
+
+class RowSchema(_Schema):
+    """The fields of a Search-R1 row the trainer reads (``docs/data.md#row-schema``); other fields are ignored.
+
+    ``reward_model.ground_truth.target`` must be a non-empty list of strings: a bare string would otherwise be read
+    as a list of its characters, and a one-letter answer would then score exact match. ``question`` may be absent
+    (older files) but not blank.
+    """
+
+    data_source: Text
+    prompt: list[_Message] = Field(min_length=1)
+    reward_model: _RewardModel
+    extra_info: _ExtraInfo
+    question: Text | None = None
+
+
+MAX_REPORTED_ERRORS = 5
+"""Invalid rows quoted in the error (all are counted)."""
+
+
+def _plain(value: Any) -> Any:
+    """Parquet values as plain Python: numpy arrays → lists, numpy scalars → Python scalars (recursively)."""
+    if isinstance(value, np.ndarray):
+        return [_plain(v) for v in value.tolist()]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+PLAIN_MESSAGES = {"missing": "missing", "string_pattern_mismatch": "blank", "too_short": "empty"}
+"""Pydantic error types reworded for the data error (the rest keep pydantic's message)."""
+
+
+def _problems(error: ValidationError) -> list[str]:
+    """``field: what is wrong (got ...)`` for each error pydantic found in one row."""
+    out = []
+    for e in error.errors():
+        where = ".".join(str(part) for part in e["loc"]) or "row"
+        what = PLAIN_MESSAGES.get(e["type"]) or re.sub(r" or instance of \w+", "", e["msg"])
+        got = "" if e["type"] == "missing" else f" (got {type(e['input']).__name__} {repr(e['input'])[:60]})"
+        out.append(f"{where}: {what}{got}")
+    return out
+
+
+def _row(schema: RowSchema, position: int) -> PromptRow:
     return PromptRow(
-        uid=str(uid),
-        data_source=str(record["data_source"]),
-        messages=messages,
-        targets=tuple(str(t) for t in targets),
-        question=str(record.get("question") or ""),
-        index=int(extra.get("index", position)),
+        uid=schema.extra_info.id,
+        data_source=schema.data_source,
+        messages=tuple({"role": m.role, "content": m.content} for m in schema.prompt),
+        targets=tuple(schema.reward_model.ground_truth.target),
+        question=schema.question or "",
+        index=schema.extra_info.index if schema.extra_info.index is not None else position,
     )
 
 
-def read_rows(files: Sequence[str]) -> list[PromptRow]:
-    """Every row of the parquet files, in file order.
+def read_file_rows(path: Path) -> list[PromptRow]:
+    """Every row of one parquet file, each validated against ``RowSchema``.
 
     Raises:
-        FileNotFoundError: a file is missing. ValueError: a column is missing, or two rows share an id.
+        ValueError: a column is missing, or any row is invalid; the message names the file, each bad row (first
+            ``MAX_REPORTED_ERRORS``) and its field, and counts them all.
+    """
+    frame = pd.read_parquet(path)
+    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{path} lacks the columns {missing} of Search-R1 rows (docs/data.md)")
+    rows: list[PromptRow] = []
+    errors: list[str] = []
+    bad = 0
+    records = frame.to_dict(orient="records")
+    for i, record in enumerate(records):
+        try:
+            rows.append(_row(RowSchema.model_validate(_plain(record)), i))
+        except ValidationError as e:
+            bad += 1
+            errors += [f"row {i}: {p}" for p in _problems(e)]
+    if bad:
+        shown = "\n  ".join(errors[:MAX_REPORTED_ERRORS])
+        more = f"\n  ... and {len(errors) - MAX_REPORTED_ERRORS} more" if len(errors) > MAX_REPORTED_ERRORS else ""
+        raise ValueError(
+            f"{path}: {bad} of {len(records)} rows are invalid (the row schema is in docs/data.md#row-schema):\n"
+            f"  {shown}{more}\nFix the file; `python -m data_prep.qa_to_parquet --skip-invalid` rebuilds one from its "
+            "questions and answers, skipping (and counting) the bad records"
+        )
+    return rows
+
+
+def read_rows(files: Sequence[str]) -> list[PromptRow]:
+    """Every row of the parquet files, in file order, validated (``read_file_rows``).
+
+    Raises:
+        FileNotFoundError: a file is missing. ValueError: a column is missing, a row is invalid, or two rows share
+            an id.
     """
     rows: list[PromptRow] = []
     for name in files:
-        path = resolve_data_path(name)
-        frame = pd.read_parquet(path)
-        missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
-        if missing:
-            raise ValueError(f"{path} lacks the columns {missing} of Search-R1 rows (docs/data.md)")
-        rows.extend(_row(rec, path, i) for i, rec in enumerate(frame.to_dict(orient="records")))
+        rows.extend(read_file_rows(resolve_data_path(name)))
     seen: dict[str, int] = {}
     for i, row in enumerate(rows):
         if row.uid in seen:

@@ -82,3 +82,50 @@ def test_validation_subset_is_fixed_and_sorted(dataset):
     a, b = dataset.subset_indices(10, seed=1), dataset.subset_indices(10, seed=1)
     assert a == b == sorted(a) and len(set(a)) == 10
     assert dataset.subset_indices(None, seed=1) == list(range(40))
+
+
+def _write_with(tmp_path, name: str, column: str, value, rows: list[int]) -> str:
+    """The first 3 shipped rows with ``column`` replaced by ``value`` in ``rows`` (a parquet column has one type, so
+    a change of type is applied to every row)."""
+    frame = pd.read_parquet(TRAIN).head(3)
+    values = list(frame[column])
+    for i in rows:
+        values[i] = value
+    frame[column] = values
+    path = tmp_path / f"{name}.parquet"
+    frame.to_parquet(path)
+    return str(path)
+
+
+GT = {"style": "rule"}
+BAD_ROWS = [
+    # (case, column, value, rows changed, field named, what is said)
+    ("string target", "reward_model", {**GT, "ground_truth": {"target": "produced by Quincy Jones"}}, [0, 1, 2],
+     "reward_model.ground_truth.target", "valid list (got str 'produced by Quincy Jones')"),
+    ("int target", "reward_model", {**GT, "ground_truth": {"target": 5}}, [0, 1, 2],
+     "reward_model.ground_truth.target", "valid list (got int 5)"),
+    ("int answer", "reward_model", {**GT, "ground_truth": {"target": [1990]}}, [0, 1, 2],
+     "reward_model.ground_truth.target.0", "valid string (got int 1990)"),
+    ("string reward_model", "reward_model", "rule", [0, 1, 2], "reward_model", "valid dictionary (got str 'rule')"),
+    ("no ground_truth", "reward_model", GT, [0, 1, 2], "reward_model.ground_truth", "missing"),
+    ("empty target list", "reward_model", {**GT, "ground_truth": {"target": []}}, [0, 1, 2],
+     "reward_model.ground_truth.target", "empty"),
+    ("empty question", "question", "", [1], "question", "blank"),
+    ("empty prompt", "prompt", [], [1], "prompt", "empty"),
+    ("blank message", "prompt", [{"role": "user", "content": "  "}], [1], "prompt.0.content", "blank"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "column", "value", "rows", "field", "said"), BAD_ROWS, ids=[c[0] for c in BAD_ROWS])
+def test_invalid_rows_are_refused_naming_file_row_and_field(tmp_path, case, column, value, rows, field, said):
+    path = _write_with(tmp_path, case.replace(" ", "_"), column, value, rows)
+    with pytest.raises(ValueError) as info:
+        read_rows([path])
+    message = str(info.value)
+    assert message.startswith(f"{path}: {len(rows)} of 3 rows are invalid")
+    assert f"row {rows[0]}: {field}: " in message and said in message.splitlines()[1]
+
+
+def test_valid_rows_keep_whole_answers(tmp_path):
+    path = _write_with(tmp_path, "multi", "reward_model", {**GT, "ground_truth": {"target": ["a b", "c"]}}, [0, 1, 2])
+    assert [r.targets for r in read_rows([path])] == [("a b", "c")] * 3
