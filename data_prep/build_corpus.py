@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from retriever_server.corpus import open_text, split_contents
+
 DEFAULT_RAW = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "raw"
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "data" / "corpus" / "wiki_mini.jsonl.gz"
 
@@ -35,11 +37,6 @@ class Passage:
     title: str
     text: str
     source: str
-
-
-def open_text(path: Path):
-    """Open a plain or gzip-compressed text file for reading."""
-    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")
 
 
 def read_json(path: Path) -> Any:
@@ -57,12 +54,6 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 yield lineno, json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
-
-
-def split_wiki18_contents(contents: str) -> tuple[str, str]:
-    """Split wiki-18 ``"Title"\\ntext`` contents into (title, text)."""
-    first, _, rest = contents.partition("\n")
-    return first.strip().strip('"'), rest
 
 
 def _nq_oracle(path: Path) -> Iterator[Passage]:
@@ -94,7 +85,7 @@ def _title_text_jsonl(path: Path) -> Iterator[Passage]:
 
 def _wiki18(path: Path) -> Iterator[Passage]:
     for _, row in iter_jsonl(path):
-        title, text = split_wiki18_contents(row["contents"])
+        title, text = split_contents(row["contents"])
         yield Passage(title, text, path.name)
 
 

@@ -23,7 +23,6 @@ does. Run::
 from __future__ import annotations
 
 import argparse
-import gzip
 import hashlib
 import json
 import sys
@@ -33,10 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from data_prep.build_corpus import DEFAULT_RAW, normalise, split_wiki18_contents
+from data_prep.build_corpus import DEFAULT_RAW, normalise
 from data_prep.qa_to_parquet import ConversionReport, InputSpec, Question, build_rows, collect
 from data_prep.rows import normalise_question, question_key, write_rows
 from data_prep.templates import load_template
+from retriever_server.corpus import open_text, split_contents
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO_ROOT / "data" / "datasets"
@@ -64,17 +64,13 @@ class RawFile:
     """Gold passages per question key (see ``Question.key``), or None when the file carries none."""
 
 
-def _open_text(path: Path) -> Any:
-    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")
-
-
 def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    with _open_text(path) as f:
+    with open_text(path) as f:
         yield from (json.loads(line) for line in f if line.strip())
 
 
 def _json(path: Path) -> Any:
-    with _open_text(path) as f:
+    with open_text(path) as f:
         return json.load(f)
 
 
@@ -193,7 +189,7 @@ class Pool:
 
 def load_corpus_keys(corpus: Path) -> set[Passage]:
     """(title, text) of every passage of a corpus jsonl, normalised as build_corpus writes them."""
-    return {split_wiki18_contents(row["contents"]) for row in _jsonl(corpus)}
+    return {split_contents(row["contents"]) for row in _jsonl(corpus)}
 
 
 def _read(raw: Path, files: Sequence[RawFile], corpus_keys: set[Passage] | None) -> Pool:

@@ -1,10 +1,10 @@
 """The retrieval ceiling of a test set: the fraction of questions with a gold answer in the top-k passages.
 
 A search policy that issues the question itself as its query cannot beat this figure on exact match unless the
-model already knows the answer, so it is the number to read training curves against. Matching uses SQuAD-style
-normalisation (lower-case, punctuation and the articles a/an/the removed, whitespace collapsed), the same as the
-QA exact-match reward, and counts a hit when a normalised answer occurs in a normalised passage as whole words
-(so the answer "1" does not match "1988").
+model already knows the answer, so it is the number to read training curves against. Matching uses the QA
+exact-match reward's normalisation (``search_rl.reward.qa_em.normalize_answer``: NFKC, lower-case, ASCII and Unicode
+punctuation and the articles a/an/the removed, whitespace collapsed) and counts a hit when a normalised answer occurs
+in a normalised passage as whole words (so the answer "1" does not match "1988").
 
 Library use: ``answer_in_topk_fraction(rows, retrieve_fn, k=3)``. Against a running retriever service
 (``POST /retrieve``, Search-R1's contract)::
@@ -18,27 +18,19 @@ an upper bound of the top-k figure for every retriever and k.
 from __future__ import annotations
 
 import argparse
-import re
-import string
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from retriever_server.corpus import open_text
+from search_rl.reward.qa_em import normalize_answer
+
+if TYPE_CHECKING:
+    import httpx
 
 RetrieveFn = Callable[[list[str]], list[list[str]]]
-"""Takes a batch of questions and returns, per question, passage ``contents`` strings best first."""
-
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCT = str.maketrans("", "", string.punctuation)
-
-
-def normalise_answer(text: str) -> str:
-    """SQuAD answer normalisation.
-
-    >>> normalise_answer("The  Eiffel-Tower!")
-    'eiffeltower'
-    """
-    return " ".join(_ARTICLES.sub(" ", text.lower().translate(_PUNCT)).split())
+"""Takes a batch of questions and returns, per question, the passages' text (title and body) best first."""
 
 
 def has_answer(passages: Sequence[str], answers: Sequence[str]) -> bool:
@@ -47,8 +39,8 @@ def has_answer(passages: Sequence[str], answers: Sequence[str]) -> bool:
     >>> has_answer(['"Paris"\\nParis is the capital of France.'], ["paris"])
     True
     """
-    targets = [a for a in (normalise_answer(x) for x in answers) if a]
-    texts = [f" {normalise_answer(p)} " for p in passages]
+    targets = [a for a in (normalize_answer(x) for x in answers) if a]
+    texts = [f" {normalize_answer(p)} " for p in passages]
     return any(f" {a} " in t for a in targets for t in texts)
 
 
@@ -101,37 +93,42 @@ def answer_in_corpus_fraction(rows: Iterable[Mapping[str, Any]], passages: Itera
         ValueError: no rows, or a row without question/answers.
     """
     # One normalised text, passages separated by a newline, which no normalised answer contains.
-    text = " " + " \n ".join(normalise_answer(p) for p in passages) + " "
+    text = " " + " \n ".join(normalize_answer(p) for p in passages) + " "
     answers = [_question_and_answers(r)[1] for r in rows]
     if not answers:
         raise ValueError("no rows to measure")
-    hits = sum(any(a and f" {a} " in text for a in map(normalise_answer, golds)) for golds in answers)
+    hits = sum(any(a and f" {a} " in text for a in map(normalize_answer, golds)) for golds in answers)
     return hits / len(answers)
 
 
-def http_retrieve_fn(url: str, k: int, timeout_s: float = 60.0, client: Any = None) -> RetrieveFn:
-    """A ``retrieve_fn`` that calls a retriever service's ``POST /retrieve`` (bare or scored documents)."""
-    import httpx  # only needed for the command line
+def http_retrieve_fn(
+    url: str, k: int, timeout_s: float = 60.0, transport: httpx.AsyncBaseTransport | None = None
+) -> RetrieveFn:
+    """A ``retrieve_fn`` over the rollout's ``RetrieverClient`` (``POST {url}/retrieve``, with its retries).
 
-    http = client or httpx.Client(timeout=timeout_s)
+    Args:
+        url: the retriever's base URL (a trailing ``/retrieve`` is accepted).
+        k: passages asked for per question.
+        timeout_s: timeout of one HTTP request.
+        transport: optional httpx transport (tests).
+    """
+    from data_prep.retrieval import blocking_search
+    from search_rl.agent.retriever_client import RetrieverClient
+    from search_rl.config import RetrieverClientConfig
+
+    client = RetrieverClient(RetrieverClientConfig(url=url, topk=k, timeout_s=timeout_s), transport)
+    search = blocking_search(client, k)
 
     def retrieve(questions: list[str]) -> list[list[str]]:
-        resp = http.post(url, json={"queries": questions, "topk": k, "return_scores": False})
-        resp.raise_for_status()
-        return [
-            [d["document"]["contents"] if "document" in d else d["contents"] for d in docs]
-            for docs in resp.json()["result"]
-        ]
+        return [[f"{p.title}\n{p.text}" for p in passages] for passages in search(questions)]
 
     return retrieve
 
 
 def _corpus_contents(path: Path) -> list[str]:
-    import gzip
     import json
 
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
+    with open_text(path) as f:
         return [json.loads(line)["contents"] for line in f if line.strip()]
 
 

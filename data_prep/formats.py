@@ -27,7 +27,6 @@ Containers: ``.jsonl`` (one object a line), ``.json`` (a JSON array of objects, 
 
 from __future__ import annotations
 
-import gzip
 import json
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -35,6 +34,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import pyarrow.parquet as pq
+
+from retriever_server.corpus import open_text
 
 # Reasons an input record is rejected; ``qa_to_parquet`` adds ``duplicate_id``.
 UNREADABLE = "unreadable"
@@ -247,10 +248,6 @@ FORMAT_NAMES = tuple(PARSERS)
 Decoded = tuple[Location, Mapping[str, Any] | InvalidRecord]
 
 
-def _open_text(path: Path) -> IO[str]:
-    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")
-
-
 def _container(path: Path) -> str:
     suffixes = [s.lower() for s in path.suffixes]
     if suffixes and suffixes[-1] == ".gz":
@@ -280,7 +277,7 @@ def _decode_jsonl(path: Path, f: IO[str]) -> Iterator[Decoded]:
 
 
 def _decode_json(path: Path) -> Iterator[Decoded]:
-    with _open_text(path) as f:
+    with open_text(path) as f:
         head = f.read(1)
         while head and head.isspace():
             head = f.read(1)
@@ -325,7 +322,7 @@ def decode(path: Path) -> Iterator[Decoded]:
     elif kind == "json":
         yield from _decode_json(path)
     else:
-        with _open_text(path) as f:
+        with open_text(path) as f:
             yield from _decode_jsonl(path, f)
 
 

@@ -32,7 +32,6 @@ Query forms, the support rule, thought templates and the per-row invariant check
 from __future__ import annotations
 
 import argparse
-import asyncio
 import hashlib
 import json
 import os
@@ -40,7 +39,7 @@ import random
 import shlex
 import sys
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +47,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from data_prep.retrieval import SearchFn, blocking_search
 from data_prep.sft_surface import (
     UNSUPPORTABLE,
     Search,
@@ -61,11 +61,7 @@ from data_prep.sft_surface import (
     render_turns,
     rewrite_query,
 )
-from search_rl.datatypes import Passage
 from search_rl.reward.qa_em import normalize_answer
-
-SearchFn = Callable[[list[str]], list[list[Passage]]]
-"""A batch of queries -> per query the retrieved passages in rank order."""
 
 REQUIRED_COLUMNS = ("data_source", "question", "reward_model", "extra_info")
 NO_THINK_FRACTION = 0.2
@@ -255,17 +251,7 @@ def http_search_fn(url: str, topk: int) -> tuple[SearchFn, dict[str, Any]]:
         except (httpx.HTTPError, ValueError) as e:
             raise RetrieverError(f"GET {base}/health failed: {e}", base) from e
         health[base] = {k: info.get(k) for k in ("method", "num_documents", "encoder_model")}
-
-    async def search_and_close(queries: list[str]) -> list[list[Passage]]:
-        try:
-            return await client.search(queries, topk)
-        finally:
-            await client.aclose()  # each round runs its own event loop; its HTTP client goes with it
-
-    def search(queries: list[str]) -> list[list[Passage]]:
-        return asyncio.run(search_and_close(queries))
-
-    return search, health
+    return blocking_search(client, topk), health
 
 
 def _shown(path: Path) -> str:

@@ -7,6 +7,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,7 @@ def load_corpus(path: Path) -> Corpus:
     ids: list[str] = []
     contents: list[str] = []
     seen: set[str] = set()
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
+    with open_text(path) as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue
@@ -72,9 +72,23 @@ def load_corpus(path: Path) -> Corpus:
     return Corpus(ids=ids, contents=contents, sha256=file_sha256(path), path=path)
 
 
-def split_title(contents: str) -> tuple[str, str]:
-    """Split wiki-18 ``"Title"\\ntext`` contents into (title, text); no newline means no title."""
-    first, sep, rest = contents.partition("\n")
-    if not sep:
-        return "", contents
-    return first.strip().strip('"'), rest
+def open_text(path: Path) -> IO[str]:
+    """Open a UTF-8 text file for reading, gzip-decompressed when its name ends in ``.gz``."""
+    path = Path(path)
+    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")
+
+
+def split_contents(contents: str) -> tuple[str, str]:
+    """(title, text) of a wiki-18 ``contents`` string ``"Title"\\ntext``: the first line without its pair of quotes,
+    and the rest, both stripped. Without a newline the whole string is the title and the text is empty.
+
+    >>> split_contents('"Paris"\\nParis is the capital of France.')
+    ('Paris', 'Paris is the capital of France.')
+    >>> split_contents('"Say "Hi""\\nA song.')[0], split_contents("just text")
+    ('Say "Hi"', ('just text', ''))
+    """
+    first, _, rest = contents.partition("\n")
+    title = first.strip()
+    if len(title) >= 2 and title[0] == title[-1] == '"':
+        title = title[1:-1]
+    return title, rest.strip()

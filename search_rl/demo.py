@@ -33,6 +33,7 @@ import httpx
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
+from retriever_server.corpus import split_contents
 from retriever_server.launcher import RetrieverProcess, free_port
 from retriever_server.settings import get_settings
 
@@ -117,22 +118,17 @@ class ProgressSink:
 
 
 def check_data() -> None:
-    """Make sure the shipped corpus and datasets are there; rebuild them from the raw sources if not.
+    """Make sure the shipped corpus and datasets are there.
 
     Raises:
-        FileNotFoundError: they are missing and the raw sources to rebuild them are not there either.
+        FileNotFoundError: naming the missing files and how to restore them (they are part of the repository).
     """
     missing = [p for p in (CORPUS, DATASET_DIR / "train.parquet", DATASET_DIR / "test.parquet") if not p.exists()]
-    if not missing:
-        return
-    logger.info("missing %s; rebuilding the shipped data from ../shared/data/raw", ", ".join(map(str, missing)))
-    from data_prep import build_corpus, build_default_dataset
-
-    for module in (build_corpus, build_default_dataset):
-        if module.main([]) not in (0, None):
-            raise FileNotFoundError(
-                f"could not rebuild {', '.join(map(str, missing))}: restore them with `git checkout -- data/`"
-            )
+    if missing:
+        raise FileNotFoundError(
+            f"missing {', '.join(map(str, missing))}: the demo runs from the repository root, and these files are "
+            "part of it; restore them with `git checkout -- data/` (docs/data.md says how they are rebuilt)"
+        )
 
 
 def start_port(requested: int) -> int:
@@ -153,7 +149,7 @@ def show(url: str, queries: list[str], topk: int) -> None:
     for query, hits in zip(queries, r.json()["result"], strict=True):
         logger.info("Q: %s", query)
         for rank, hit in enumerate(hits, start=1):
-            title, _, text = hit["document"]["contents"].partition("\n")
+            title, text = split_contents(hit["document"]["contents"])
             logger.info("  %d. [%.3f] %s  %s", rank, hit["score"], title, text[:110].replace("\n", " ") + "...")
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from retriever_server.corpus import split_contents
 from search_rl.config import START_RETRIEVER_HINT, RetrieverClientConfig
 from search_rl.datatypes import Passage
 
@@ -41,13 +42,10 @@ def parse_document(doc: dict[str, Any], score: float | None = None) -> Passage:
     Passage(id='3', title='Paris', text='Paris is the capital.', score=None)
     """
     if "contents" in doc:
-        title, _, text = str(doc["contents"]).partition("\n")
-    else:
-        title, text = str(doc.get("title", "")), str(doc.get("text", ""))
-    title = title.strip()
-    if len(title) >= 2 and title[0] == title[-1] == '"':
-        title = title[1:-1]
-    return Passage(id=str(doc.get("id", "")), title=title, text=text.strip(), score=score)
+        title, text = split_contents(str(doc["contents"]))
+    else:  # a server that sends title and text apart
+        title, text = str(doc.get("title", "")).strip(), str(doc.get("text", "")).strip()
+    return Passage(id=str(doc.get("id", "")), title=title, text=text, score=score)
 
 
 class RetrieverClient:

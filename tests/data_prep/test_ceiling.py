@@ -17,9 +17,9 @@ from data_prep.ceiling import (
     answer_in_topk_fraction,
     has_answer,
     http_retrieve_fn,
-    normalise_answer,
 )
 from data_prep.rows import make_row
+from search_rl.reward.qa_em import normalize_answer
 
 PASSAGES = {
     "who wrote hamlet?": ['"Macbeth"\nMacbeth is a play.', '"Hamlet"\nHamlet was written by William Shakespeare.'],
@@ -64,7 +64,7 @@ def test_questions_are_sent_in_batches() -> None:
 
 
 def test_answer_matching_is_normalised_and_whole_word() -> None:
-    assert normalise_answer("The Beatles!") == "beatles"
+    assert normalize_answer("The Beatles!") == "beatles"
     assert has_answer(['"Band"\nThe  BEATLES, a band.'], ["the beatles"])
     assert not has_answer(['"Year"\nIt happened in 1988.'], ["1"])
     assert not has_answer(['"X"\nanything'], ["", "the"])  # answers that normalise to nothing never match
@@ -96,10 +96,9 @@ def test_http_retrieve_fn_reads_both_response_shapes(scored: bool) -> None:
             docs = [[{"document": d, "score": 1.0} for d in ds] for ds in docs]
         return httpx.Response(200, json={"result": docs})
 
-    client = httpx.Client(transport=httpx.MockTransport(handler))
-    retrieve = http_retrieve_fn("http://retriever.test/retrieve", k=3, client=client)
+    retrieve = http_retrieve_fn("http://retriever.test/retrieve", k=3, transport=httpx.MockTransport(handler))
     assert answer_in_topk_fraction(_rows(), retrieve, k=3) == 0.5
-    assert seen[0] == {"queries": list(ANSWERS), "topk": 3, "return_scores": False}
+    assert seen[0] == {"queries": list(ANSWERS), "topk": 3, "return_scores": True}  # the rollout client's request
 
 
 def test_answer_anywhere_in_corpus_bounds_every_top_k() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from retriever_server.corpus import load_corpus, split_title
+from retriever_server.corpus import load_corpus, split_contents
 from retriever_server.settings import SHIPPED_CORPUS
 
 
@@ -15,7 +15,7 @@ def test_shipped_corpus_loads_with_unique_ids_and_titles() -> None:
     corpus = load_corpus(SHIPPED_CORPUS)
     assert 16_000 < len(corpus) < 17_000
     assert len(set(corpus.ids)) == len(corpus)
-    title, text = split_title(corpus.contents[0])
+    title, text = split_contents(corpus.contents[0])
     assert title and text and not title.startswith('"')
 
 
@@ -51,6 +51,6 @@ def test_missing_corpus_says_which_setting(tmp_path: Path) -> None:
         load_corpus(tmp_path / "nope.jsonl")
 
 
-def test_split_title() -> None:
-    assert split_title('"Paris"\nCapital of France') == ("Paris", "Capital of France")
-    assert split_title("no title line") == ("", "no title line")
+def test_split_contents() -> None:
+    assert split_contents('"Paris"\nCapital of France') == ("Paris", "Capital of France")
+    assert split_contents('"Say "Hi""\nA song. ') == ('Say "Hi"', "A song.")  # one pair of quotes, text stripped
