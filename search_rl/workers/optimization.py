@@ -20,7 +20,7 @@ from torch import nn
 
 from search_rl.protocol import TrainBatch
 from search_rl.train_config import OptimConfig
-from search_rl.workers.distributed import WorkerSpec, all_reduce_sum, average_gradients
+from search_rl.workers.distributed import WorkerSpec, all_reduce_sum
 
 LossFn = Callable[[TrainBatch], tuple[torch.Tensor, dict[str, float]]]
 """``micro_batch -> (loss aggregated over the micro-batch, metrics)``."""
@@ -54,7 +54,7 @@ class TrainableModel:
     """A model and its optimizer on one worker.
 
     Args:
-        model: the (possibly FSDP-wrapped) module being trained.
+        model: the FSDP2-sharded module being trained (fp32 parameters).
         optim: learning rate, weight decay, warm-up.
         grad_clip: global gradient-norm bound (0 = none).
         spec: rank, world size, device.
@@ -130,31 +130,27 @@ class TrainableModel:
         return out
 
     def _reduce_and_clip(self) -> float:
-        average_gradients(self.params, self.spec)
+        """Clip the (already reduced: FSDP2 reduce-scatters in backward) gradients; returns the global norm."""
         max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
-        if self.spec.use_fsdp:
-            norm = float(self.model.clip_grad_norm_(max_norm))  # type: ignore[operator]
-        else:
-            norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
-        return norm
+        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+        full = getattr(norm, "full_tensor", None)  # a DTensor over sharded gradients
+        return float(full() if callable(full) else norm)
 
     def optimizer_state(self) -> dict[str, object]:
-        """Optimizer and schedule state (unsharded under FSDP; every rank must call it)."""
-        if self.spec.use_fsdp:
-            from torch.distributed.fsdp import FullyShardedDataParallel
+        """Optimizer and schedule state, unsharded and keyed by parameter name (every rank must call it; only rank
+        0's copy is filled), so a run saved by N ranks resumes on M."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-            optim = FullyShardedDataParallel.optim_state_dict(self.model, self.optimizer)
-        else:
-            optim = self.optimizer.state_dict()
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        optim = get_optimizer_state_dict(self.model, self.optimizer, options=options)
         return {"optimizer": optim, "scheduler": self.scheduler.state_dict()}
 
     def load_optimizer_state(self, state: dict[str, object]) -> None:
-        optim = state["optimizer"]
-        if self.spec.use_fsdp:
-            from torch.distributed.fsdp import FullyShardedDataParallel
+        """Load what ``optimizer_state`` returned (written by any number of ranks); every rank passes it."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-            optim = FullyShardedDataParallel.optim_state_dict_to_load(self.model, self.optimizer, optim)  # type: ignore[arg-type]
-        self.optimizer.load_state_dict(optim)  # type: ignore[arg-type]
+        options = StateDictOptions(full_state_dict=True)
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=options)  # type: ignore[arg-type]
         self.scheduler.load_state_dict(state["scheduler"])  # type: ignore[arg-type]
 
     def save_optimizer(self, path: Path) -> None:

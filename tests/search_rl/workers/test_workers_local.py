@@ -71,6 +71,12 @@ def test_recomputed_logprobs_match_the_engine(rollout_batch):
     torch.testing.assert_close(rollout_batch.ref_logprobs, rollout_batch.old_logprobs)
 
 
+def _full(grad: torch.Tensor) -> torch.Tensor:
+    """The whole gradient of a (FSDP2-sharded) parameter."""
+    full = getattr(grad, "full_tensor", None)
+    return (full() if callable(full) else grad).detach().clone()
+
+
 def _gradients(worker: ActorRolloutRefWorker, batch: TrainBatch) -> list[torch.Tensor]:
     """Run an actor update and return the gradients of every optimizer step, in order."""
     if worker.trainable is None:
@@ -78,7 +84,7 @@ def _gradients(worker: ActorRolloutRefWorker, batch: TrainBatch) -> list[torch.T
     trainable = worker.trainable
     assert trainable is not None
     captured: list[torch.Tensor] = []
-    trainable.optimizer.register_step_pre_hook(lambda *_: captured.extend(p.grad.clone() for p in trainable.params))
+    trainable.optimizer.register_step_pre_hook(lambda *_: captured.extend(_full(p.grad) for p in trainable.params))
     worker.update_actor(batch, step=1)
     return captured
 
@@ -122,7 +128,7 @@ def test_two_gloo_ranks_give_the_single_process_gradient(rollout_batch):
         ranks = dict(out)
     assert len(ranks[0]) == len(ranks[1]) == len(single)
     for a, b, ref in zip(ranks[0], ranks[1], single, strict=True):
-        torch.testing.assert_close(a, b)  # replicas stay in sync
+        torch.testing.assert_close(a, b)  # both ranks see the same gathered gradient
         torch.testing.assert_close(a, ref, rtol=1e-4, atol=1e-6)
 
 
