@@ -1,14 +1,15 @@
 """Build the shipped default Wikipedia corpus from the raw passage files.
 
-Reads every passage in the raw snapshot (see ``shared/data/raw/SOURCES.md``), de-duplicates it by
+Reads every passage in the raw snapshot (its ``SOURCES.md`` lists the files), de-duplicates it by
 (title, whitespace-normalised text) and writes wiki-18 style jsonl rows::
 
     {"id": "0", "contents": "\\"Title\\"\\ntext"}
 
 Ids are consecutive integers in order of first appearance over a fixed source order, so a rebuild from the
-same files gives byte-identical output. Run::
+same files gives byte-identical output. The raw snapshot is not part of the repository (the shipped corpus is);
+maintainers who have it run::
 
-    python -m data_prep.build_corpus --raw ../shared/data/raw --out data/corpus/wiki_mini.jsonl.gz
+    python -m data_prep.build_corpus --raw ../shared/data/raw      # --out data/corpus/wiki_mini.jsonl.gz
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from typing import Any
 
 from retriever_server.corpus import open_text, split_contents
 
-DEFAULT_RAW = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "raw"
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "data" / "corpus" / "wiki_mini.jsonl.gz"
 
 
@@ -150,9 +150,7 @@ def write_jsonl(rows: list[dict[str, str]], out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument(
-        "--raw", type=Path, default=DEFAULT_RAW, help="folder holding the raw snapshot (default: %(default)s)"
-    )
+    ap.add_argument("--raw", type=Path, required=True, help="folder holding the raw snapshot (not in the repository)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output jsonl or jsonl.gz (default: %(default)s)")
     args = ap.parse_args(argv)
     rows, stats = build_corpus(args.raw)

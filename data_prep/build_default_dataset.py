@@ -9,15 +9,18 @@ Files written (all with the ``search`` template, rows as :mod:`data_prep.rows` d
 - ``eval/musique_test.parquet`` (HippoRAG's MuSiQue sample, gold paragraphs checked against the corpus the same way),
   ``eval/2wikimultihopqa_test.parquet`` and ``eval/bamboogle_test.parquet`` (R1-Searcher's eval files; their
   evidence is not known to be in the corpus): evaluation only.
+- ``gold_passages.jsonl``: for every question of the files whose sources record gold passages (NQ, HotpotQA,
+  MuSiQue), ``{"file", "id", "corpus_ids"}``: the row id and the ids, in the shipped corpus, of its gold passages.
+  Tests measure retrieval recall with it, so they need nothing outside the repository.
 - ``MANIFEST.json``: per file the row counts per source, the inputs (path, repository, commit, sha256, licence),
   the selection rule, the evidence check, and the sha256 of the file.
 
 The split is decided by sorting each source's questions by SHA-256 of ``SALT|source|question id`` and taking the
 first ``n_test``: it does not depend on file order, and a rebuild from the same raw files gives the same bytes.
 No test question (compared case-insensitively after normalisation) may appear in train; the build fails if one
-does. Run::
+does. The raw snapshot is not part of the repository; maintainers who have it run::
 
-    python -m data_prep.build_default_dataset            # --raw ../shared/data/raw --out data/datasets
+    python -m data_prep.build_default_dataset --raw ../shared/data/raw      # --out data/datasets
 """
 
 from __future__ import annotations
@@ -28,11 +31,11 @@ import json
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from data_prep.build_corpus import DEFAULT_RAW, normalise
+from data_prep.build_corpus import normalise
 from data_prep.qa_to_parquet import ConversionReport, InputSpec, Question, build_rows, collect
 from data_prep.rows import normalise_question, question_key, write_rows
 from data_prep.templates import load_template
@@ -43,9 +46,11 @@ DEFAULT_OUT = REPO_ROOT / "data" / "datasets"
 DEFAULT_CORPUS = REPO_ROOT / "data" / "corpus" / "wiki_mini.jsonl.gz"
 SALT = "search-rl-default-dataset-v1"
 TEMPLATE = "search"
-COMMAND = "python -m data_prep.build_default_dataset"
+COMMAND = "python -m data_prep.build_default_dataset --raw <raw snapshot>"
+GOLD_FILE = "gold_passages.jsonl"
 
 Passage = tuple[str, str]  # (title, text), whitespace-normalised as in build_corpus
+CorpusIds = dict[Passage, str]  # every passage of the corpus -> its id
 
 
 @dataclass(frozen=True)
@@ -185,17 +190,20 @@ class Pool:
     files: list[RawFile]
     evidence: dict[str, dict[str, int]]
     """Per raw file (``RawFile.rel``) with gold passages: questions kept and dropped by the corpus check."""
+    gold: dict[tuple[str, str], list[Passage]] = field(default_factory=dict)
+    """Gold passages of each kept question, by ``(source, Question.key)``; empty when the files record none."""
 
 
-def load_corpus_keys(corpus: Path) -> set[Passage]:
-    """(title, text) of every passage of a corpus jsonl, normalised as build_corpus writes them."""
-    return {split_contents(row["contents"]) for row in _jsonl(corpus)}
+def load_corpus_ids(corpus: Path) -> CorpusIds:
+    """(title, text) of every passage of a corpus jsonl, normalised as build_corpus writes them, and its id."""
+    return {split_contents(row["contents"]): str(row["id"]) for row in _jsonl(corpus)}
 
 
-def _read(raw: Path, files: Sequence[RawFile], corpus_keys: set[Passage] | None) -> Pool:
+def _read(raw: Path, files: Sequence[RawFile], corpus_keys: CorpusIds | None) -> Pool:
     """Collect questions of ``files``; with ``corpus_keys``, keep only those whose gold passages are all in it."""
     questions: list[Question] = []
     evidence: dict[str, dict[str, int]] = {}
+    kept_gold: dict[tuple[str, str], list[Passage]] = {}
     for rf in files:
         path = raw / rf.rel
         found = collect([InputSpec(rf.source, path, rf.fmt)], ConversionReport())
@@ -211,10 +219,11 @@ def _read(raw: Path, files: Sequence[RawFile], corpus_keys: set[Passage] | None)
             if all(p in corpus_keys for p in passages):
                 counts["kept_gold_in_corpus"] += 1
                 questions.append(q)
+                kept_gold[(q.source, q.key)] = passages
             else:
                 counts["dropped_gold_not_in_corpus"] += 1
         evidence[rf.rel] = {k: counts[k] for k in ("kept_gold_in_corpus", "dropped_gold_not_in_corpus")}
-    return Pool(questions, list(files), evidence)
+    return Pool(questions, list(files), evidence, kept_gold)
 
 
 def _split_order(q: Question) -> str:
@@ -283,7 +292,7 @@ class FilePlan:
     selection: str
 
 
-def plan_files(raw: Path, corpus_keys: set[Passage], sizes: Sizes) -> dict[str, FilePlan]:
+def plan_files(raw: Path, corpus_keys: CorpusIds, sizes: Sizes) -> dict[str, FilePlan]:
     """Decide the questions of every shipped file (path under the output folder -> plan)."""
     nq = _read(raw, [NQ_ORACLE], corpus_keys)
     hotpot = _read(raw, [HOTPOT_IRCOT, HOTPOT_HIPPORAG], corpus_keys)
@@ -317,14 +326,27 @@ def _shown_path(path: Path) -> str:
     return str(resolved.relative_to(REPO_ROOT)) if resolved.is_relative_to(REPO_ROOT) else str(path)
 
 
+def gold_rows(name: str, rows: Sequence[dict[str, Any]], plan: FilePlan, corpus_ids: CorpusIds) -> list[dict]:
+    """``{"file", "id", "corpus_ids"}`` per row of a file whose questions have known gold passages (else none)."""
+    gold = {k: v for pool in plan.pools for k, v in pool.gold.items()}
+    if not gold:
+        return []
+    return [
+        {"file": name, "id": row["extra_info"]["id"], "corpus_ids": [corpus_ids[p] for p in gold[(q.source, q.key)]]}
+        for row, q in zip(rows, plan.questions, strict=True)
+    ]
+
+
 def build(raw: Path, corpus: Path, out: Path, sizes: Sizes = Sizes()) -> dict[str, Any]:
     """Build every shipped file under ``out`` and return the manifest (also written to ``out/MANIFEST.json``)."""
     template = load_template(TEMPLATE)
-    corpus_keys = load_corpus_keys(corpus)
+    corpus_keys = load_corpus_ids(corpus)
     files: dict[str, Any] = {}
+    gold: list[dict[str, Any]] = []
     for name, plan in plan_files(raw, corpus_keys, sizes).items():
         rows = build_rows(plan.questions, plan.split, template)
         write_rows(rows, out / name)
+        gold += gold_rows(name, rows, plan, corpus_keys)
         files[name] = {
             "split": plan.split,
             "rows": len(rows),
@@ -342,9 +364,22 @@ def build(raw: Path, corpus: Path, out: Path, sizes: Sizes = Sizes()) -> dict[st
         "corpus": {"file": _shown_path(corpus), "passages": len(corpus_keys), "sha256": _sha256(corpus)},
         "train_test_disjoint": "checked: no test question (case-insensitive, trailing '?' ignored) occurs in train",
         "files": files,
+        "gold_passages": {
+            "file": GOLD_FILE,
+            "rows": len(gold),
+            "description": "per question of the files above whose sources record gold passages: the row id and the "
+            "corpus ids of its gold passages (all of them are in the corpus)",
+            "sha256": _write_gold(gold, out / GOLD_FILE),
+        },
     }
     (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return manifest
+
+
+def _write_gold(rows: list[dict[str, Any]], path: Path) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return _sha256(path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -353,7 +388,9 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("--raw", type=Path, default=DEFAULT_RAW, help="raw snapshot folder (default: %(default)s)")
+    ap.add_argument(
+        "--raw", type=Path, required=True, help="raw snapshot folder (not in the repository; e.g. ../shared/data/raw)"
+    )
     ap.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS, help="shipped corpus (default: %(default)s)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: %(default)s)")
     args = ap.parse_args(argv)

@@ -1,5 +1,6 @@
-"""The shipped-dataset builder: deterministic bytes, disjoint train/test, gold-passage check against the corpus,
-a manifest that matches the files, and the files in data/datasets/ equal to a rebuild from the raw snapshot.
+"""The shipped-dataset builder (on the raw-file fixtures): deterministic bytes, disjoint train/test, gold-passage
+check against the corpus, a gold-passage file; and the files in data/datasets/: equal to what their manifest records,
+disjoint, with gold passages that are in the shipped corpus. Nothing here reads outside the repository.
 
 Run: python -m pytest tests/data_prep/test_default_dataset.py -q
 """
@@ -9,11 +10,22 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from data_prep.build_default_dataset import DEFAULT_CORPUS, DEFAULT_OUT, Sizes, build, check_disjoint, main
+from data_prep.build_default_dataset import (
+    DEFAULT_CORPUS,
+    DEFAULT_OUT,
+    GOLD_FILE,
+    REPO_ROOT,
+    Sizes,
+    build,
+    check_disjoint,
+    main,
+)
 from data_prep.formats import Location
 from data_prep.qa_to_parquet import Question
 from data_prep.rows import read_rows
@@ -77,7 +89,7 @@ def test_train_and_test_are_disjoint(built: tuple[Path, dict]) -> None:
 def test_build_is_deterministic(built: tuple[Path, dict], tmp_path: Path) -> None:
     out, _ = built
     build(RAW, CORPUS, tmp_path, SIZES)
-    for name in [*FILES, "MANIFEST.json"]:
+    for name in [*FILES, GOLD_FILE, "MANIFEST.json"]:
         assert (tmp_path / name).read_bytes() == (out / name).read_bytes(), name
 
 
@@ -114,16 +126,84 @@ def test_too_few_questions_for_test_is_an_error(tmp_path: Path, capsys: pytest.C
     assert "no such file" in capsys.readouterr().err
 
 
-def test_shipped_files_equal_a_rebuild(shared_raw: Path, tmp_path: Path) -> None:
-    """data/datasets/ must be what the builder makes from the raw snapshot (rebuild: see docs/data.md)."""
-    manifest = build(shared_raw, DEFAULT_CORPUS, tmp_path)
-    shipped = json.loads((DEFAULT_OUT / "MANIFEST.json").read_text())
-    # Parquet bytes (and so their sha256) depend on the pyarrow version; the rows below are compared instead.
-    for m in (manifest, shipped):
-        for info in m["files"].values():
-            info.pop("sha256")
-    assert manifest == shipped, "data/datasets is stale: run python -m data_prep.build_default_dataset"
-    for name in FILES:
-        assert read_rows(tmp_path / name) == read_rows(DEFAULT_OUT / name), name
-    total_bytes = sum(p.stat().st_size for p in DEFAULT_OUT.rglob("*") if p.is_file())
-    assert total_bytes < 5_000_000
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _corpus_by_id(path: Path) -> dict[str, str]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return {row["id"]: row["contents"] for row in map(json.loads, f)}
+
+
+def _words(text: str) -> str:
+    return " " + re.sub(r"\W+", " ", text.casefold()).strip() + " "
+
+
+def test_gold_file_names_the_raw_gold_passages(built: tuple[Path, dict]) -> None:
+    out, manifest = built
+    corpus = _corpus_by_id(CORPUS)
+    gold = [json.loads(line) for line in (out / GOLD_FILE).read_text().splitlines()]
+    assert manifest["gold_passages"]["rows"] == len(gold)
+    with_evidence = [name for name, info in manifest["files"].items() if info["evidence_check"]]
+    assert sorted(with_evidence) == sorted(FILES[:3])  # 2Wiki and Bamboogle record no gold passages
+    for name in with_evidence:
+        ids = [r["extra_info"]["id"] for r in read_rows(out / name)]
+        assert [g["id"] for g in gold if g["file"] == name] == ids, name
+    # The NQ oracle marks one gold context per question; the file must point at exactly that passage.
+    oracle = {}
+    with gzip.open(RAW / "nelson-liu__lost-in-the-middle/nq-open-oracle.jsonl.gz", "rt") as f:
+        for row in map(json.loads, f):
+            ctx = next(c for c in row["ctxs"] if c.get("isgold"))
+            oracle[row["question"].rstrip("?").casefold()] = f'"{ctx["title"]}"\n{" ".join(ctx["text"].split())}'
+    questions = {r["extra_info"]["id"]: r["question"] for name in FILES[:2] for r in read_rows(out / name)}
+    nq = [g for g in gold if g["id"].startswith("nq-")]
+    assert len(nq) == 6
+    for g in nq:
+        (passage_id,) = g["corpus_ids"]
+        assert corpus[passage_id] == oracle[questions[g["id"]].rstrip("?").casefold()]
+
+
+def test_shipped_files_match_their_manifest() -> None:
+    """data/datasets/ is what MANIFEST.json records (a maintainer rebuild from the raw snapshot: docs/data.md)."""
+    manifest = json.loads((DEFAULT_OUT / "MANIFEST.json").read_text())
+    assert sorted(manifest["files"]) == sorted(FILES)
+    assert manifest["corpus"]["sha256"] == _sha256(DEFAULT_CORPUS), "the shipped corpus changed: rebuild data/datasets"
+    assert manifest["template"]["sha256"] == _sha256(REPO_ROOT / manifest["template"]["file"])
+    train_questions = {r["question"].casefold().rstrip("?").strip() for r in read_rows(DEFAULT_OUT / FILES[0])}
+    for name, info in manifest["files"].items():
+        assert info["sha256"] == _sha256(DEFAULT_OUT / name), f"{name} differs from MANIFEST.json"
+        rows = read_rows(DEFAULT_OUT / name)
+        assert len(rows) == info["rows"]
+        assert dict(Counter(r["data_source"] for r in rows)) == info["rows_per_source"]
+        assert {r["extra_info"]["split"] for r in rows} == {info["split"]}
+        if info["split"] == "test":
+            assert not train_questions & {r["question"].casefold().rstrip("?").strip() for r in rows}, name
+    assert manifest["gold_passages"]["sha256"] == _sha256(DEFAULT_OUT / GOLD_FILE)
+    sizes = {p: p.stat().st_size for p in (REPO_ROOT / "data").rglob("*") if p.is_file()}
+    assert max(sizes.values()) < 5_000_000, max(sizes, key=sizes.__getitem__)
+    assert sum(p.stat().st_size for p in DEFAULT_OUT.rglob("*") if p.is_file()) < 5_000_000
+
+
+def test_gold_passages_of_shipped_files_are_in_the_shipped_corpus() -> None:
+    """Every NQ/HotpotQA/MuSiQue question has its gold passages in the corpus, and they hold its answer."""
+    corpus = _corpus_by_id(DEFAULT_CORPUS)
+    with (DEFAULT_OUT / GOLD_FILE).open() as f:
+        gold = {(g["file"], g["id"]): g["corpus_ids"] for g in map(json.loads, f)}
+    checked: Counter[str] = Counter()
+    answered: Counter[str] = Counter()
+    for name in FILES[:3]:
+        for r in read_rows(DEFAULT_OUT / name):
+            ids = gold.pop((name, r["extra_info"]["id"]))
+            assert ids and all(i in corpus for i in ids), (name, r["extra_info"]["id"])
+            assert len(ids) == (1 if r["data_source"] == "nq" else len(set(ids))) and len(ids) <= 4
+            answers = {_words(a) for a in r["reward_model"]["ground_truth"]["target"]}
+            if answers <= {" yes ", " no "}:  # HotpotQA comparison questions: the answer is not quoted text
+                continue
+            text = _words(" ".join(corpus[i] for i in ids))
+            checked[r["data_source"]] += 1
+            answered[r["data_source"]] += any(a in text for a in answers)
+    assert not gold, f"{len(gold)} gold rows name questions that are in no shipped file"
+    assert set(checked) == {"nq", "hotpotqa", "musique"}
+    assert answered["nq"] == checked["nq"], "an NQ oracle passage always holds the answer"
+    for source in ("hotpotqa", "musique"):  # a multi-hop answer may be paraphrased ("American" for "United States")
+        assert answered[source] >= 0.95 * checked[source], source
