@@ -34,14 +34,13 @@ from search_rl.agent.retriever_client import RetrieverClient, RetrieverError
 from search_rl.config import HFEngineConfig, RetrieverClientConfig, RolloutConfig
 from search_rl.data import PromptDataset, read_rows
 from search_rl.datatypes import Trajectory
-from search_rl.models import load_model, load_tokenizer
+from search_rl.models import dtype_of, load_model, load_tokenizer
 from search_rl.protocol import PromptBatch
 from search_rl.rollout.hf import HFEngine
 from search_rl.scoring import answer_metrics, score_trajectories
 from search_rl.templates import load_template, render_prompt
 from search_rl.tracking.rollout_dump import write_records
 from search_rl.train_config import CONFIG_DIR, ConfigError, ModelConfig, RewardConfig, to_config
-from search_rl.workers.actor_rollout_ref import dtype_of
 
 logger = logging.getLogger("search_rl.main_eval")
 
