@@ -29,8 +29,11 @@ class RetrieverClientConfig:
     """Passages returned per query."""
     timeout_s: float = 30.0
     """Timeout of one HTTP request (connect, read, write and pool), in seconds."""
-    max_retries: int = 3
-    """Retries after the first attempt on connection errors, timeouts and 5xx/429 answers (0 = one attempt)."""
+    retry_window_s: float = 60.0
+    """How long a request is retried on connection errors, timeouts and 5xx/429 answers, in seconds from its first
+    attempt; the default outlasts a retriever restart (a dense server loads its index first). 0 = one attempt."""
+    max_retries: int | None = None
+    """Also stop after this many retries (``null`` = only ``retry_window_s`` limits them)."""
     backoff_s: float = 0.5
     """Wait before the first retry; doubled each further retry, capped at ``backoff_max_s``."""
     backoff_max_s: float = 8.0
@@ -50,8 +53,8 @@ class RetrieverClientConfig:
                 raise ValueError(f"retriever.{name} must be >= 1, got {getattr(self, name)}")
         if self.timeout_s <= 0:
             raise ValueError(f"retriever.timeout_s must be > 0, got {self.timeout_s}")
-        if self.max_retries < 0 or self.backoff_s < 0 or self.backoff_max_s < 0:
-            raise ValueError("retriever.max_retries, backoff_s and backoff_max_s must be >= 0")
+        if (self.max_retries or 0) < 0 or min(self.retry_window_s, self.backoff_s, self.backoff_max_s) < 0:
+            raise ValueError("retriever.retry_window_s, max_retries, backoff_s and backoff_max_s must be >= 0")
 
     @property
     def urls(self) -> list[str]:

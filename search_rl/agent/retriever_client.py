@@ -2,8 +2,10 @@
 
 One shared ``httpx.AsyncClient`` per event loop; large query batches are split into chunks sent concurrently under a
 semaphore; each chunk starts at the next URL (round-robin) and a retry moves to the following URL (failover).
-Connection errors, timeouts, 429 and 5xx are retried with exponential backoff; other 4xx and malformed answers are
-not (retrying cannot fix them). Every final failure raises ``RetrieverError``; no ``(result, error)`` tuples.
+Connection errors, timeouts, 429 and 5xx are retried with exponential backoff for ``retry_window_s`` seconds (long
+enough to outlast a retriever restart); other 4xx and malformed answers are not (retrying cannot fix them). Every
+final failure raises ``RetrieverError`` naming the URL and how to start a server there; no ``(result, error)``
+tuples. ``check_reachable`` runs before training: ``GET /health`` and one real ``POST /retrieve`` per URL.
 """
 
 from __future__ import annotations
@@ -19,12 +21,38 @@ from typing import Any
 import httpx
 
 from retriever_server.corpus import split_contents
-from search_rl.config import START_RETRIEVER_HINT, RetrieverClientConfig
+from search_rl.config import RetrieverClientConfig
 from search_rl.datatypes import Passage
 
 logger = logging.getLogger(__name__)
 
 _RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+PROBE_QUERY = "retriever start-up check"
+"""The query ``check_reachable`` sends to prove that ``POST /retrieve`` answers."""
+
+
+def start_hint(url: str) -> str:
+    """How to start a retriever that ``url`` reaches (quoted in every error about an unreachable retriever).
+
+    >>> "--host 10.0.0.5 --port 8123`" in start_hint("http://10.0.0.5:8123")
+    True
+    """
+    parsed = httpx.URL(url)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    host = parsed.host if parsed.host not in ("localhost", "") else "127.0.0.1"
+    path = parsed.path.rstrip("/")
+    where = f"; the server answers at its root, not under {path}" if path else ""
+    return (
+        f"start it with `RETRIEVER_METHOD=bm25 python -m uvicorn retriever_server.app:app --host {host} --port {port}` "
+        f"(or fix retriever.url={url}{where})"
+    )
+
+
+def describe_failure(error: httpx.TransportError, timeout_s: float) -> str:
+    """One line for a transport error (httpx's timeouts carry no text of their own)."""
+    if isinstance(error, httpx.TimeoutException):
+        return f"{type(error).__name__}: no answer within {timeout_s:g} s (retriever.timeout_s); hung or overloaded?"
+    return f"{type(error).__name__}: {str(error) or 'no detail'}"
 
 
 class RetrieverError(RuntimeError):
@@ -97,7 +125,7 @@ class RetrieverClient:
         """Top-``topk`` passages for each query, in query order.
 
         Raises:
-            RetrieverError: when a chunk still fails after ``cfg.max_retries`` retries, or an answer is malformed.
+            RetrieverError: when a chunk still fails at the end of ``cfg.retry_window_s``, or an answer is malformed.
         """
         if not queries:
             return []
@@ -122,16 +150,16 @@ class RetrieverClient:
     ) -> list[list[Passage]]:
         payload = {"queries": queries, "topk": topk, "return_scores": True}
         first = next(self._rr)
-        attempts = 1 + self.cfg.max_retries
-        last_problem, url = "", self.urls[first % len(self.urls)]
-        for attempt in range(attempts):
+        start = time.monotonic()
+        attempt, last_problem = 0, ""
+        while True:
             url = self.urls[(first + attempt) % len(self.urls)]
             self.requests_by_url[url] += 1
             try:
                 async with sem:
                     resp = await client.post(f"{url}/retrieve", json=payload)
             except httpx.TransportError as e:
-                last_problem = f"{type(e).__name__}: {e or 'no detail'}"
+                last_problem = describe_failure(e, self.cfg.timeout_s)
             else:
                 if resp.status_code < 400:
                     return _parse_response(resp, len(queries), url)
@@ -141,46 +169,63 @@ class RetrieverClient:
                         f"retriever {url}/retrieve answered HTTP {resp.status_code}: {resp.text[:300]}", url
                     )
                 last_problem = f"HTTP {resp.status_code}: {resp.text[:200]}"
-            if attempt + 1 < attempts:
-                delay = min(self.cfg.backoff_max_s, self.cfg.backoff_s * 2**attempt)
-                logger.warning(
-                    "retriever %s failed (%s); retry %d/%d in %.1fs",
-                    url,
-                    last_problem,
-                    attempt + 1,
-                    attempts - 1,
-                    delay,
-                )
-                self.retries += 1
-                await asyncio.sleep(delay)
+            delay = self._retry_delay(attempt, time.monotonic() - start)
+            if delay is None:
+                break
+            logger.warning("retriever %s failed (%s); retry %d in %.1fs", url, last_problem, attempt + 1, delay)
+            self.retries += 1
+            attempt += 1
+            await asyncio.sleep(delay)
         self.failures += 1
         raise RetrieverError(
-            f"retriever request failed after {attempts} attempt(s), last at {url}/retrieve ({last_problem}). "
-            f"Is the retriever running? {START_RETRIEVER_HINT}",
+            f"retriever request failed after {attempt + 1} attempt(s) in {time.monotonic() - start:.1f} s "
+            f"(retriever.retry_window_s={self.cfg.retry_window_s:g}), last at {url}/retrieve ({last_problem}). "
+            f"Is the retriever running? {start_hint(url)}",
             url,
         )
 
-    def check_reachable(self, timeout_s: float = 5.0) -> None:
-        """Fail fast before a run: every URL must answer ``GET /health`` (404 = an older server, accepted).
+    def _retry_delay(self, attempt: int, elapsed_s: float) -> float | None:
+        """Wait before retry ``attempt + 1``: exponential backoff cut to what is left of the retry window, or None
+        when the window (or ``max_retries``) is spent."""
+        cfg = self.cfg
+        left = cfg.retry_window_s - elapsed_s
+        if left <= 0 or (cfg.max_retries is not None and attempt >= cfg.max_retries):
+            return None
+        return min(cfg.backoff_max_s, cfg.backoff_s * 2**attempt, left)
+
+    def check_reachable(self, timeout_s: float = 10.0) -> None:
+        """Fail fast before a run: every URL must be ready (``GET /health``) and answer one real ``POST /retrieve``.
+
+        The search request is what counts: a wrong path in ``retriever.url`` or another service on the port answers
+        ``/health`` with 404 (or even 200) but cannot search.
 
         Raises:
-            RetrieverError: naming the first URL that is down or not ready, and how to start the retriever.
+            RetrieverError: naming the first URL that is down, not ready or cannot search, and how to start one.
         """
+        payload = {"queries": [PROBE_QUERY], "topk": 1, "return_scores": True}
         with httpx.Client(timeout=timeout_s, trust_env=self.cfg.trust_env) as client:
             for url in self.urls:
                 try:
-                    resp = client.get(f"{url}/health")
+                    health = client.get(f"{url}/health")
+                    if health.status_code not in (200, 404):  # 404: no /health route; the search below decides
+                        raise RetrieverError(
+                            f"retriever at {url} is not ready: GET {url}/health answered {health.status_code} "
+                            f"{health.text[:200]}",
+                            url,
+                        )
+                    resp = client.post(f"{url}/retrieve", json=payload)
                 except httpx.TransportError as e:
                     raise RetrieverError(
-                        f"retriever at {url} is not reachable ({e}). {START_RETRIEVER_HINT}", url
+                        f"retriever at {url} is not reachable ({describe_failure(e, timeout_s)}). {start_hint(url)}",
+                        url,
                     ) from e
-                if resp.status_code == 404:
-                    logger.warning("retriever at %s has no /health route; assuming it is ready", url)
-                elif resp.status_code != 200:
+                if resp.status_code != 200:
                     raise RetrieverError(
-                        f"retriever at {url} is not ready: GET /health answered {resp.status_code} {resp.text[:200]}",
+                        f"retriever at {url} cannot search: POST {url}/retrieve answered HTTP {resp.status_code} "
+                        f"{resp.text[:200]}. Is retriever.url right? {start_hint(url)}",
                         url,
                     )
+                _parse_response(resp, 1, url)
 
 
 def _parse_response(resp: httpx.Response, n_queries: int, url: str) -> list[list[Passage]]:
