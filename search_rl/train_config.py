@@ -19,19 +19,13 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from search_rl.algorithms import AlgorithmConfig
+from search_rl.algorithms import AlgorithmConfig, estimator_needs
 from search_rl.config import HFEngineConfig, RetrieverClientConfig, RolloutConfig
 from search_rl.reward.shaping import MAX_FORMAT_SCORE, PARTIAL_CREDITS, shaping_enabled
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 """The YAML configs (``ppo_trainer.yaml``, ``eval.yaml`` and their groups)."""
 
-CRITIC_ESTIMATORS = frozenset({"gae"})
-"""Advantage estimators that read critic values (``critic.enable: null`` turns the critic on for these)."""
-GROUP_ESTIMATORS = frozenset({"grpo", "rloo"})
-"""Advantage estimators that compare the samples of one prompt (they need ``rollout.n >= 2``)."""
-BASELINE_ESTIMATORS = frozenset({"remax"})
-"""Advantage estimators that need a greedy rollout of each prompt as baseline."""
 DEFAULT_GROUP_SIZE = 4
 """``rollout.n`` when it is left ``null`` and the estimator compares samples of a prompt."""
 
@@ -353,11 +347,11 @@ class PPOConfig:
     """The loop, checkpoints, workers and logging."""
 
     def __post_init__(self) -> None:
-        rollout = self.actor_rollout_ref.rollout
+        rollout, needs = self.actor_rollout_ref.rollout, estimator_needs(self.algorithm.adv_estimator)
         if rollout.n is None:
-            rollout.n = DEFAULT_GROUP_SIZE if self.algorithm.adv_estimator in GROUP_ESTIMATORS else 1
+            rollout.n = DEFAULT_GROUP_SIZE if needs.groups else 1
         if self.critic.enable is None:
-            self.critic.enable = self.algorithm.adv_estimator in CRITIC_ESTIMATORS
+            self.critic.enable = needs.critic
 
     @property
     def n_samples(self) -> int:
@@ -375,7 +369,7 @@ class PPOConfig:
 
     @property
     def needs_greedy_baseline(self) -> bool:
-        return self.algorithm.adv_estimator in BASELINE_ESTIMATORS
+        return estimator_needs(self.algorithm.adv_estimator).greedy_baseline
 
     def validate(self, max_model_len: int) -> None:
         """Cross-field checks that need no Ray and no model weights (only the model's context length).
@@ -389,12 +383,13 @@ class PPOConfig:
             raise ConfigError(f"impossible length budget: {e}") from e
         self._validate_batches()
         algo, n = self.algorithm, self.n_samples
-        if algo.adv_estimator in GROUP_ESTIMATORS and n < 2:
+        needs = estimator_needs(algo.adv_estimator)
+        if needs.groups and n < 2:
             raise ConfigError(
                 f"algorithm.adv_estimator={algo.adv_estimator} compares the samples of each prompt, but "
                 f"actor_rollout_ref.rollout.n={n}; set it to 2 or more (Search-R1 uses 5)"
             )
-        if algo.adv_estimator in CRITIC_ESTIMATORS and not self.use_critic:
+        if needs.critic and not self.use_critic:
             raise ConfigError(f"algorithm.adv_estimator={algo.adv_estimator} needs a critic; set critic.enable=true")
         if self.trainer.test_freq > 0 and not self.data.val_files:
             raise ConfigError("trainer.test_freq > 0 but data.val_files is empty; add files or set test_freq=0")

@@ -8,8 +8,11 @@ from search_rl.algorithms.advantages import (
     ADVANTAGES,
     AdvantageInputs,
     AdvantageOutputs,
+    EstimatorNeeds,
     compute_discounted_returns,
     compute_gae,
+    estimator_needs,
+    requires,
 )
 from search_rl.algorithms.config import AlgorithmConfig
 from search_rl.algorithms.kl_control import (
@@ -29,7 +32,6 @@ from search_rl.algorithms.losses import (
     entropy_from_logits,
     estimate_kl,
     loss_mask_for,
-    masked_entropy,
 )
 
 __all__ = [
@@ -41,6 +43,7 @@ __all__ = [
     "AdvantageInputs",
     "AdvantageOutputs",
     "AlgorithmConfig",
+    "EstimatorNeeds",
     "FixedKLController",
     "KLController",
     "aggregate_loss",
@@ -52,6 +55,7 @@ __all__ = [
     "compute_value_loss",
     "entropy_from_logits",
     "estimate_kl",
+    "estimator_needs",
     "loss_mask_for",
-    "masked_entropy",
+    "requires",
 ]

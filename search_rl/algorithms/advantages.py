@@ -2,7 +2,9 @@
 
 Each estimator is registered in ``ADVANTAGES`` under the name ``algorithm.adv_estimator`` takes, with one
 signature, ``(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> AdvantageOutputs``; the trainer calls
-``ADVANTAGES.get(cfg.adv_estimator)(inputs, cfg)`` and never branches on the name.
+``ADVANTAGES.get(cfg.adv_estimator)(inputs, cfg)`` and never branches on the name. What an estimator needs from
+the run (a critic, groups of samples, a greedy baseline) is declared on it with ``@requires(...)``; the config
+reads it with ``estimator_needs(name)`` and keeps no lists of estimator names.
 
 Observation tokens are not time steps. A search response interleaves model tokens (``response_mask == 1``) with
 inserted ``<information>`` tokens (mask 0). The policy acted only at model tokens, so every recursion over time
@@ -20,12 +22,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
-from search_rl.algorithms.config import AlgorithmConfig
 from search_rl.algorithms.masked import masked_whiten
 from search_rl.registry import Registry
+
+if TYPE_CHECKING:  # the config validates names against this module's registry, so it imports this module
+    from search_rl.algorithms.config import AlgorithmConfig
+
+F = TypeVar("F", bound=Callable[..., object])
 
 GroupIds = Sequence[str] | Sequence[int] | torch.Tensor
 """Per-sample group keys: samples of the same prompt share a key (a globally unique prompt id)."""
@@ -83,9 +90,50 @@ class AdvantageOutputs:
     returns: torch.Tensor
 
 
-AdvantageFn = Callable[[AdvantageInputs, AlgorithmConfig], AdvantageOutputs]
+AdvantageFn = Callable[[AdvantageInputs, "AlgorithmConfig"], AdvantageOutputs]
 ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")
 """Advantage estimators by ``algorithm.adv_estimator`` name."""
+
+
+@dataclass(frozen=True)
+class EstimatorNeeds:
+    """What an advantage estimator needs from the run besides rewards (declared with ``requires``)."""
+
+    critic: bool = False
+    """Reads ``AdvantageInputs.values``: the run needs a critic (``critic.enable: null`` turns it on)."""
+    groups: bool = False
+    """Compares the samples of one prompt (``AdvantageInputs.group_ids``): ``rollout.n`` must be >= 2."""
+    greedy_baseline: bool = False
+    """Reads ``AdvantageInputs.baseline_rewards``: the reward of one greedy rollout of each prompt."""
+
+
+_NEEDS_ATTR = "estimator_needs"
+
+
+def requires(*, critic: bool = False, groups: bool = False, greedy_baseline: bool = False) -> Callable[[F], F]:
+    """Declare what an estimator needs (``EstimatorNeeds``); works on an estimator reached by import string too.
+
+    >>> @requires(groups=True)
+    ... def my_estimator(inputs, cfg): ...
+    >>> my_estimator.estimator_needs
+    EstimatorNeeds(critic=False, groups=True, greedy_baseline=False)
+    """
+
+    def mark(fn: F) -> F:
+        setattr(fn, _NEEDS_ATTR, EstimatorNeeds(critic=critic, groups=groups, greedy_baseline=greedy_baseline))
+        return fn
+
+    return mark
+
+
+def estimator_needs(name: str) -> EstimatorNeeds:
+    """What the estimator ``name`` (a registry name or import string) needs; nothing extra when it declares nothing.
+
+    >>> estimator_needs("gae").critic, estimator_needs("grpo").groups, estimator_needs("reinforce_plus_plus")
+    (True, True, EstimatorNeeds(critic=False, groups=False, greedy_baseline=False))
+    """
+    needs = getattr(ADVANTAGES.get(name), _NEEDS_ATTR, None)
+    return needs if isinstance(needs, EstimatorNeeds) else EstimatorNeeds()
 
 
 def compute_gae(
@@ -225,6 +273,7 @@ def _broadcast_outcome(advantages: torch.Tensor, inputs: AdvantageInputs) -> Adv
 
 
 @ADVANTAGES.register("gae")
+@requires(critic=True)
 def compute_gae_advantages(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> AdvantageOutputs:
     """PPO with a critic: observation-skipping GAE (``compute_gae``), advantages whitened over model tokens of the
     batch (as verl does). Needs ``inputs.values``. https://arxiv.org/abs/1506.02438
@@ -241,6 +290,7 @@ def compute_gae_advantages(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> Adv
 
 
 @ADVANTAGES.register("grpo")
+@requires(groups=True)
 def compute_grpo_advantages(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> AdvantageOutputs:
     """GRPO (https://arxiv.org/abs/2402.03300): each sample's total reward, normalised within its group (the
     samples of one prompt), on every model token. ``cfg.norm_adv_by_std=False`` gives Dr.GRPO
@@ -252,6 +302,7 @@ def compute_grpo_advantages(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> Ad
 
 
 @ADVANTAGES.register("rloo")
+@requires(groups=True)
 def compute_rloo_advantages(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> AdvantageOutputs:
     """RLOO (https://arxiv.org/abs/2402.14740): each sample's total reward minus the mean of the other samples of
     its group, on every model token. Needs ``inputs.group_ids``.
@@ -270,6 +321,7 @@ def compute_reinforce_plus_plus_advantages(inputs: AdvantageInputs, cfg: Algorit
 
 
 @ADVANTAGES.register("remax")
+@requires(greedy_baseline=True)
 def compute_remax_advantages(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> AdvantageOutputs:
     """ReMax (https://arxiv.org/abs/2310.10505): undiscounted reward-to-go minus the total reward of the same
     prompt's greedy response. Needs ``inputs.baseline_rewards``.

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from search_rl.algorithms.advantages import ADVANTAGES
+from search_rl.algorithms.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
+
 KL_CTRL_TYPES = ("fixed", "adaptive")
 """Valid ``kl_ctrl_type`` values."""
 
@@ -73,10 +76,6 @@ class AlgorithmConfig:
     """Policy loss, a name in ``POLICY_LOSSES`` or an import string ``"pkg.module:function"``."""
 
     def __post_init__(self) -> None:
-        # Imported here: those modules import this one for their type hints.
-        from search_rl.algorithms.advantages import ADVANTAGES
-        from search_rl.algorithms.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
-
         for field_name, registry in (
             ("adv_estimator", ADVANTAGES),
             ("policy_loss", POLICY_LOSSES),

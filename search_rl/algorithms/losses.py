@@ -15,12 +15,15 @@ Three registries, each with one signature:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
-from search_rl.algorithms.config import AlgorithmConfig
 from search_rl.algorithms.masked import masked_mean, masked_sum
 from search_rl.registry import Registry
+
+if TYPE_CHECKING:  # the config validates names against this module's registries, so it imports this module
+    from search_rl.algorithms.config import AlgorithmConfig
 
 LOG_RATIO_CLAMP = 20.0
 """Log-ratios are clamped to +-20 before ``exp`` so one stale token cannot overflow the ratio (as verl)."""
@@ -28,7 +31,7 @@ LOW_VAR_KL_CLAMP = 10.0
 """The k3 estimate is clamped to +-10 per token (as verl's ``low_var_kl``)."""
 
 PolicyLossFn = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, AlgorithmConfig], tuple[torch.Tensor, dict[str, float]]
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, "AlgorithmConfig"], tuple[torch.Tensor, dict[str, float]]
 ]
 KLEstimatorFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 LossAggregationFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -54,6 +57,7 @@ def loss_mask_for(response_mask: torch.Tensor, attention_mask: torch.Tensor, cfg
         attention_mask: (B, T) or (B, P+T) 1 = real token, 0 = padding; its last T columns are used.
         cfg: the algorithm config.
 
+    >>> from search_rl.algorithms import AlgorithmConfig
     >>> cfg = AlgorithmConfig(mask_observations=False)
     >>> loss_mask_for(torch.tensor([[1, 0, 1, 0]]), torch.tensor([[1, 1, 1, 1, 0]]), cfg)
     tensor([[1, 1, 1, 0]])
@@ -227,6 +231,7 @@ def compute_value_loss(
     Returns:
         ``(loss, metrics)`` with ``critic/vf_loss``, ``critic/vf_clipfrac``, ``critic/vpred_mean``.
 
+    >>> from search_rl.algorithms import AlgorithmConfig
     >>> cfg = AlgorithmConfig(value_clip=0.5)
     >>> loss, m = compute_value_loss(torch.tensor([[2.0]]), torch.tensor([[1.0]]), torch.tensor([[3.0]]),
     ...                              torch.tensor([[1]]), cfg)
@@ -254,11 +259,6 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """
     log_probs = torch.log_softmax(logits.float(), dim=-1)  # (B, T, V)
     return -(log_probs.exp() * log_probs).sum(-1)
-
-
-def masked_entropy(logits: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
-    """Entropy of the policy over the tokens ``loss_mask`` selects, aggregated like the losses."""
-    return aggregate_loss(entropy_from_logits(logits), loss_mask, loss_agg_mode)
 
 
 def compute_actor_loss(

@@ -22,7 +22,6 @@ from search_rl.algorithms import (
     entropy_from_logits,
     estimate_kl,
     loss_mask_for,
-    masked_entropy,
 )
 
 # Six tokens, clip range [1 - 0.2, 1 + 0.28], dual-clip c = 3. Per-token loss -A * r, hand-computed:
@@ -129,8 +128,8 @@ def test_entropy_from_logits_known_distributions():
     logits = torch.stack([torch.zeros(8), torch.tensor([0.0, 0, 0, 0, -1e4, -1e4, -1e4, -1e4]), torch.eye(8)[0] * 50])
     entropy = entropy_from_logits(logits[None])  # (1, 3): uniform over 8, uniform over 4, one-hot
     torch.testing.assert_close(entropy, torch.tensor([[math.log(8), math.log(4), 0.0]]), atol=1e-5, rtol=0)
-    # masked: only the first two positions count -> (log 8 + log 4) / 2
-    mean = masked_entropy(logits[None], torch.tensor([[1, 1, 0]]), "token-mean")
+    # masked as the actor loss aggregates it: only the first two positions count -> (log 8 + log 4) / 2
+    mean = aggregate_loss(entropy, torch.tensor([[1, 1, 0]]), "token-mean")
     assert mean.item() == pytest.approx((math.log(8) + math.log(4)) / 2, abs=1e-5)
 
 
