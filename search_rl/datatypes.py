@@ -231,26 +231,6 @@ class RolloutBatch:
         """P, the padded prompt width."""
         return int(self.input_ids.shape[1] - self.response_ids.shape[1])
 
-    def select(self, index: torch.Tensor | Sequence[int]) -> RolloutBatch:
-        """Rows ``index`` (indices or a boolean mask) of every field."""
-        idx = torch.as_tensor(index)
-        return RolloutBatch(**{f.name: getattr(self, f.name)[idx] for f in dataclasses.fields(self)})
-
-    def chunk(self, n: int) -> list[RolloutBatch]:
-        """Split into ``n`` consecutive parts of near-equal size (``torch.chunk`` semantics)."""
-        parts = {f.name: torch.chunk(getattr(self, f.name), n) for f in dataclasses.fields(self)}
-        return [RolloutBatch(**{k: v[i] for k, v in parts.items()}) for i in range(len(parts["input_ids"]))]
-
-    @staticmethod
-    def concat(batches: Sequence[RolloutBatch]) -> RolloutBatch:
-        """Stack batches of the same widths along the batch dimension."""
-        names = [f.name for f in dataclasses.fields(RolloutBatch)]
-        return RolloutBatch(**{n: torch.cat([getattr(b, n) for b in batches]) for n in names})
-
-    def to(self, device: torch.device | str) -> RolloutBatch:
-        """Every tensor moved to ``device``."""
-        return RolloutBatch(**{f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)})
-
     @staticmethod
     def from_trajectories(
         trajectories: Sequence[Trajectory], pad_token_id: int, group_ids: Sequence[int] | None = None

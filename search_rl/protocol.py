@@ -8,8 +8,8 @@ Both are frozen dataclasses with named, typed fields (no string-keyed dicts). A 
 
 ``BatchOps`` gives both the verbs the trainer needs, generically over those kinds: ``select`` (indices or a boolean
 mask), ``split`` (near-equal shards, for ``WorkerGroup.map_shards``), ``split_by_size`` (mini/micro-batches),
-``concat``, ``repeat_interleave`` (``n`` samples per prompt, adjacent, so GRPO groups stay contiguous) and ``union``
-(fill the fields a later phase computed, such as ``old_logprobs`` or ``values``). Optional tensor fields are
+``concat`` and ``repeat_interleave`` (``n`` samples per prompt, adjacent, so GRPO groups stay contiguous); a later
+phase fills the fields it computes (``old_logprobs``, ``values``) with ``replace``. Optional tensor fields are
 ``None`` until the phase that computes them; ``__post_init__`` checks that every set field has the same batch
 length (verl's ``check_consistency``).
 """
@@ -71,12 +71,6 @@ def _cat(values: list[Any], name: str) -> Any:
     return tuple(x for v in values for x in v)
 
 
-def _equal(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return a.shape == b.shape and bool(torch.equal(a, b))
-    return bool(a == b)
-
-
 class BatchOps:
     """Batch verbs shared by the dataclasses below (they only need their fields to follow the three kinds)."""
 
@@ -129,22 +123,6 @@ class BatchOps:
         if n < 1:
             raise ValueError(f"repeat_interleave needs n >= 1, got {n}")
         return self.select(torch.arange(len(self)).repeat_interleave(n))
-
-    def union(self, other: Self) -> Self:
-        """Fields set in either batch; a field set in both must be equal (a mismatch is a bug upstream).
-
-        Raises:
-            ValueError: the batches differ in length, or a field set in both differs.
-        """
-        if len(self) != len(other):
-            raise ValueError(f"union of batches of {len(self)} and {len(other)} samples")
-        merged = {}
-        for name, mine in self._batch_fields():
-            theirs = getattr(other, name)
-            if mine is not None and theirs is not None and not _equal(mine, theirs):
-                raise ValueError(f"union: field {name!r} is set in both batches with different values")
-            merged[name] = mine if mine is not None else theirs
-        return type(self)(**merged)
 
     def replace(self, **changes: Any) -> Self:
         """A copy with some fields replaced (sizes are checked again)."""

@@ -1,4 +1,4 @@
-"""Datatypes: validation in __post_init__, RolloutBatch collation layout and select/chunk/concat/to.
+"""Datatypes: validation in __post_init__, RolloutBatch collation layout and default group ids.
 
 Run: python -m pytest tests/search_rl/test_datatypes.py -q
 """
@@ -39,18 +39,10 @@ def test_collation_pads_prompt_left_and_response_right():
     assert batch.group_ids.tolist() == [5, 5] and batch.prompt_length == 3 and len(batch) == 2
 
 
-def test_select_chunk_concat_to():
+def test_default_group_ids_are_one_per_trajectory():
     trajs = [_traj([1, 2], [3] * (i + 1), [1] * (i + 1)) for i in range(5)]
     batch = RolloutBatch.from_trajectories(trajs, PAD)
     assert batch.group_ids.tolist() == [0, 1, 2, 3, 4]
-    parts = batch.chunk(2)
-    assert [len(p) for p in parts] == [3, 2]
-    again = RolloutBatch.concat(parts)
-    assert torch.equal(again.input_ids, batch.input_ids) and torch.equal(again.response_mask, batch.response_mask)
-    picked = batch.select([4, 0])
-    assert picked.group_ids.tolist() == [4, 0] and picked.response_mask[0].sum() == 5
-    assert batch.select(batch.group_ids > 2).group_ids.tolist() == [3, 4]
-    assert batch.to("cpu").input_ids.device.type == "cpu"
 
 
 def test_inconsistent_batch_sizes_raise():

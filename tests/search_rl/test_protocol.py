@@ -1,4 +1,4 @@
-"""Batch containers: select / split / concat / repeat_interleave / union over tensors, per-sample tuples and meta.
+"""Batch containers: select / split / concat / repeat_interleave over tensors, per-sample tuples and meta.
 
 Run: python -m pytest tests/search_rl/test_protocol.py -q
 """
@@ -59,18 +59,6 @@ def test_split_is_near_equal_and_concat_inverts_it():
     again = TrainBatch.concat(parts)
     assert torch.equal(again.input_ids, batch.input_ids) and again.uids == batch.uids
     assert [len(p) for p in batch.split_by_size(2)] == [2, 2, 1]
-
-
-def test_union_fills_optional_fields_and_rejects_conflicts():
-    batch = _train(2)
-    with_old = batch.replace(old_logprobs=torch.ones(2, 3))
-    with_values = batch.replace(values=torch.full((2, 3), 2.0))
-    both = with_old.union(with_values)
-    assert both.old_logprobs is not None and both.values is not None
-    with pytest.raises(ValueError, match="old_logprobs"):
-        with_old.union(batch.replace(old_logprobs=torch.zeros(2, 3)))
-    with pytest.raises(ValueError, match="union of batches"):
-        batch.union(_train(3))
 
 
 def test_inconsistent_sizes_and_missing_fields_are_errors():
