@@ -159,7 +159,7 @@ class PPOTrainer:
     def generate(self, prompts: PromptBatch, metrics: dict[str, float]) -> list[Trajectory]:
         """Sampled rollouts with search, sharded over the actor workers."""
         results: list[RolloutResult] = self.actor.map_shards(
-            "generate", prompts, False, _step_seed(self.cfg.seed, self.step)
+            "generate", prompts, greedy=False, seed=_step_seed(self.cfg.seed, self.step)
         )
         trajectories = [t for r in results for t in r.trajectories]
         metrics.update(merge_rollout_metrics(results))
@@ -204,17 +204,17 @@ class PPOTrainer:
         """(B,) reward of each prompt's greedy rollout (ReMax's baseline), one rollout per distinct prompt."""
         first = {uid: i for i, uid in reversed(list(enumerate(prompts.uids)))}
         unique = prompts.select(sorted(first.values()))
-        results = self.actor.map_shards("generate", unique, True, 0)
+        results = self.actor.map_shards("generate", unique, greedy=True, seed=0)
         scores = score_trajectories([t for r in results for t in r.trajectories], unique, self.settings.reward)
         by_uid = {uid: s.score for uid, s in zip(unique.uids, scores, strict=True)}
         return torch.tensor([by_uid[u] for u in prompts.uids], dtype=torch.float32)
 
     def update_critic(self, batch: TrainBatch) -> dict[str, float]:
         assert self.critic is not None
-        return mean_worker_metrics(self.critic.map_shards("update_critic", batch, self.step))
+        return mean_worker_metrics(self.critic.map_shards("update_critic", batch, step=self.step))
 
     def update_actor(self, batch: TrainBatch) -> dict[str, float]:
-        return mean_worker_metrics(self.actor.map_shards("update_actor", batch, self.step))
+        return mean_worker_metrics(self.actor.map_shards("update_actor", batch, step=self.step))
 
     def sync_weights(self) -> None:
         """Push the new weights to the rollout engines, versioned by the step that produced them."""
@@ -225,7 +225,7 @@ class PPOTrainer:
     def validate(self) -> dict[str, float]:
         """Greedy rollouts of the validation prompts; EM / sub-EM / F1, answer rate, searches per data source."""
         assert self.val_data is not None
-        results: list[RolloutResult] = self.actor.map_shards("generate", self.val_data, True, 0)
+        results: list[RolloutResult] = self.actor.map_shards("generate", self.val_data, greedy=True, seed=0)
         trajectories = [t for r in results for t in r.trajectories]
         scores = score_trajectories(trajectories, self.val_data, self.settings.reward)
         self.dump("val", self.val_data, trajectories, scores, None, self.step)
