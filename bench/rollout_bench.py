@@ -32,6 +32,7 @@ from search_rl.agent.prompts import encode_prompt
 from search_rl.agent.retriever_client import RetrieverClient
 from search_rl.config import HFEngineConfig, RetrieverClientConfig, RolloutConfig
 from search_rl.datatypes import Generated, GroundTruth, RolloutResult, SamplingParams
+from search_rl.logging_setup import configure_logging
 from search_rl.models import SMOLLM2, load_model, load_tokenizer
 from search_rl.reward import compute_reward
 from search_rl.rollout.hf import HFEngine
@@ -131,7 +132,7 @@ def main() -> None:
     ap.add_argument("--dump", type=Path, default=None, help="write the first --dump-k trajectories here (Markdown)")
     ap.add_argument("--dump-k", type=int, default=4)
     args = ap.parse_args()
-    logging.basicConfig(level=logging.WARNING)
+    configure_logging(logging.WARNING)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 

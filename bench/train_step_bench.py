@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import os
 import resource
 import statistics
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from search_rl.logging_setup import configure_logging
 from search_rl.main_ppo import build_trainer, build_workers, prepare
 from search_rl.models import load_model
 from search_rl.protocol import TrainBatch
@@ -116,7 +116,7 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--override", action="append", default=[], help="extra Hydra overrides (repeatable)")
     args = ap.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    configure_logging()
     out = Path(tempfile.mkdtemp(prefix="train_step_bench-"))
     with contextlib.ExitStack() as stack:
         url = args.retriever_url

@@ -36,6 +36,7 @@ from tqdm import tqdm
 from retriever_server.corpus import split_contents
 from retriever_server.launcher import RetrieverProcess, free_port
 from retriever_server.settings import get_settings
+from search_rl.logging_setup import MESSAGE_FORMAT, configure_logging
 
 logger = logging.getLogger("search_rl.demo")
 
@@ -296,9 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-dir", type=Path, default=Path("runs/demo"), help="where the run goes")
     ap.add_argument("--fresh", action="store_true", help="train from scratch even if the run folder has checkpoints")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    logging.getLogger().setLevel(logging.INFO)  # also when an imported library configured the root logger first
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health poll is noise here
+    configure_logging(fmt=MESSAGE_FORMAT)
     port = start_port(args.port)
     if args.serve_only:
         return serve(port, args.topk, keep_serving=not args.exit)

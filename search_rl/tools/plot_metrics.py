@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from search_rl.logging_setup import MESSAGE_FORMAT, configure_logging
+
 logger = logging.getLogger(__name__)
 
 Series = dict[str, list[tuple[int, float]]]
@@ -120,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("run_dir", type=Path, help="a run folder holding metrics.jsonl")
     ap.add_argument("--out", type=Path, default=None, help="output folder (default: RUN_DIR/plots)")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    configure_logging(fmt=MESSAGE_FORMAT)
     try:
         paths = plot_run(args.run_dir, args.out)
     except FileNotFoundError as e:

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf, open_dict
 
+from search_rl.logging_setup import MESSAGE_FORMAT, configure_logging
 from search_rl.train_config import CONFIG_DIR, register_configs
 
 logger = logging.getLogger(__name__)
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", choices=("ppo_trainer", "eval"), default="ppo_trainer", help="which entry's config")
     ap.add_argument("--groups", action="store_true", help="list the config groups and their options")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    configure_logging(fmt=MESSAGE_FORMAT)
     try:
         text = render_groups() if args.groups else render(args.config, args.overrides)
     except Exception as e:  # process boundary: Hydra's compose errors name the bad key

@@ -27,6 +27,8 @@ from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Footer, Header, Input, Select, Static
 
+from search_rl.logging_setup import MESSAGE_FORMAT, configure_logging
+
 logger = logging.getLogger(__name__)
 
 ALL = "__all__"
@@ -262,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("target", type=Path, help="a run folder, or one dump file (rollouts/*.jsonl, trajectories.jsonl)")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    configure_logging(fmt=MESSAGE_FORMAT)
     try:
         records = load_records(args.target)
     except FileNotFoundError as e:
