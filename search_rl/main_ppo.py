@@ -173,6 +173,8 @@ def build_trainer(cfg: PPOConfig, prepared: Prepared, actor: Workers, critic: Wo
         use_reference=cfg.use_reference,
         greedy_baseline=cfg.needs_greedy_baseline,
         reward=cfg.reward,
+        max_retriever_error_rate=cfg.actor_rollout_ref.rollout.max_retriever_error_rate,
+        train_on_retriever_errors=cfg.actor_rollout_ref.rollout.train_on_retriever_errors,
     )
     return PPOTrainer(
         cfg.trainer,

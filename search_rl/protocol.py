@@ -172,7 +172,9 @@ class TrainBatch(BatchOps):
         rollout_logprobs: (B, T) the engine's sampling log-probs (0 where ``response_mask`` is 0).
         uids: (B,) group keys (globally unique prompt ids).
         data_sources: (B,) the rows' data sources.
-        loss_mask: (B, T) tokens every loss, KL, entropy and advantage uses (``algorithms.loss_mask_for``).
+        sample_mask: (B,) 1 = the sample enters the loss, 0 = left out (a failed search); None = all enter.
+        loss_mask: (B, T) tokens every loss, KL, entropy and advantage uses (``algorithms.loss_mask_for``, zero on
+            the rows ``sample_mask`` leaves out).
         token_level_scores: (B, T) task reward, on the last model token of each response.
         token_level_rewards: (B, T) scores after the KL-in-reward penalty (= scores when it is off).
         old_logprobs: (B, T) log-probs under the policy that sampled (recomputed by the actor).
@@ -191,6 +193,7 @@ class TrainBatch(BatchOps):
     rollout_logprobs: torch.Tensor
     uids: tuple[str, ...]
     data_sources: tuple[str, ...]
+    sample_mask: torch.Tensor | None = None
     loss_mask: torch.Tensor | None = None
     token_level_scores: torch.Tensor | None = None
     token_level_rewards: torch.Tensor | None = None

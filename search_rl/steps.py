@@ -3,7 +3,9 @@
 No Ray and no models here (the trainer calls these between worker calls), so each is tested directly. The one rule
 they enforce: the mask every loss, KL, entropy and advantage uses is ``algorithms.loss_mask_for`` of the rollout's
 response mask, computed once here and stored as ``TrainBatch.loss_mask``; the advantage estimators get the same mask
-(``docs/algorithms.md``), so the masking ablation switch flips every term at once.
+(``docs/algorithms.md``), so the masking ablation switch flips every term at once. A sample that
+``TrainBatch.sample_mask`` leaves out (a failed search) gets an all-zero row in that mask and no share in its
+group's baseline.
 """
 
 from __future__ import annotations
@@ -88,6 +90,12 @@ def compute_advantages(
     batch.require("token_level_scores")
     assert batch.token_level_scores is not None
     loss_mask = loss_mask_for(batch.response_mask, batch.attention_mask, algo)  # (B, T)
+    group_ids = list(batch.uids)
+    if batch.sample_mask is not None:  # left-out samples: no loss tokens, and a group of their own (no baseline)
+        keep = batch.sample_mask.to(loss_mask.dtype)  # (B,)
+        loss_mask = loss_mask * keep.unsqueeze(-1)  # (B, T)
+        kept = keep.tolist()
+        group_ids = [uid if kept[i] else f"{uid}#left-out-{i}" for i, uid in enumerate(group_ids)]
     rewards, metrics = batch.token_level_scores, dict[str, float]()
     if algo.use_kl_in_reward:
         batch.require("old_logprobs", "ref_logprobs")
@@ -101,7 +109,7 @@ def compute_advantages(
         token_level_rewards=rewards,
         response_mask=loss_mask,
         values=batch.values,
-        group_ids=list(batch.uids),
+        group_ids=group_ids,
         baseline_rewards=baseline_rewards,
     )
     out = ADVANTAGES.get(algo.adv_estimator)(inputs, algo)
@@ -125,6 +133,17 @@ def _advantage_metrics(batch: TrainBatch) -> dict[str, float]:
     if batch.values is not None:
         metrics["critic/values_mean"] = masked_mean(batch.values, mask).item()
     return metrics
+
+
+def failed_search_mask(trajectories: Sequence[Trajectory]) -> torch.Tensor:
+    """(B,) 1 for a trajectory whose searches all succeeded, 0 for one that saw a retriever error observation
+    (``rollout.on_retriever_error=observe``): its later turns answer an error message, not the passages."""
+    return torch.tensor([int(t.stats.retriever_errors == 0) for t in trajectories], dtype=torch.long)
+
+
+def search_failure_rate(trajectories: Sequence[Trajectory]) -> tuple[int, int]:
+    """``(failed searches, searches)`` over the trajectories."""
+    return sum(t.stats.retriever_errors for t in trajectories), sum(t.num_searches for t in trajectories)
 
 
 def merge_rollout_metrics(results: Sequence[RolloutResult]) -> dict[str, float]:

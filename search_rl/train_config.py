@@ -116,9 +116,18 @@ class TrainRolloutConfig(RolloutConfig):
     """``vllm`` engine: share of GPU memory it may take (the trainer shares the GPU)."""
     log_prob_micro_batch_size_per_gpu: int = 2
     """Samples per forward pass when the actor recomputes the sampling log-probs."""
+    max_retriever_error_rate: float = 0.5
+    """Circuit breaker for ``on_retriever_error=observe``: stop the run when more than this share of a training
+    step's searches failed (1.0 = never)."""
+    train_on_retriever_errors: bool = False
+    """Keep trajectories that saw a retriever error in the loss; off: they are left out (scored, not trained on)
+    and counted in ``rollout/left_out_retriever_errors``."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not 0 <= self.max_retriever_error_rate <= 1:
+            rate = self.max_retriever_error_rate
+            raise ConfigError(f"actor_rollout_ref.rollout.max_retriever_error_rate must be in [0, 1], got {rate}")
         if self.n is not None and self.n < 1:
             raise ConfigError(f"actor_rollout_ref.rollout.n must be >= 1, got {self.n}")
         if self.engine not in ENGINES:

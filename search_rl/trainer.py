@@ -30,9 +30,11 @@ from search_rl.scoring import answer_metrics, reward_metrics, score_trajectories
 from search_rl.steps import (
     build_train_batch,
     compute_advantages,
+    failed_search_mask,
     merge_rollout_metrics,
     place_scores,
     response_length_metrics,
+    search_failure_rate,
 )
 from search_rl.tracking import RolloutDumper, Tracker, timer
 from search_rl.train_config import RewardConfig, TrainerConfig
@@ -62,6 +64,15 @@ class StepSettings:
     """Roll out each prompt greedily as baseline (``remax``)."""
     reward: RewardConfig
     """Scoring per data source."""
+    max_retriever_error_rate: float = 0.5
+    """Stop the run when more than this share of a step's searches failed (``rollout.max_retriever_error_rate``)."""
+    train_on_retriever_errors: bool = False
+    """Keep trajectories with a failed search in the loss (``rollout.train_on_retriever_errors``)."""
+
+
+class RetrieverOutage(RuntimeError):
+    """Most searches of a training step failed (``on_retriever_error=observe``): the run stops rather than train on
+    error observations."""
 
 
 def _step_seed(seed: int, step: int, salt: int = 0) -> int:
@@ -119,9 +130,9 @@ class PPOTrainer:
                 with timer("validate", metrics):
                     metrics.update(self.validate())
             if self._due(self.cfg.save_freq):
-                with timer("save", metrics):
-                    self.save()
-            self.tracker.log(metrics, self.step)
+                self.save(metrics)
+            else:
+                self.tracker.log(metrics, self.step)
         return self.tracker.history
 
     def train_step(self) -> dict[str, float]:
@@ -164,7 +175,20 @@ class PPOTrainer:
         trajectories = [t for r in results for t in r.trajectories]
         metrics.update(merge_rollout_metrics(results))
         metrics.update(response_length_metrics(trajectories))
+        self._check_searches(trajectories, metrics)
         return trajectories
+
+    def _check_searches(self, trajectories: list[Trajectory], metrics: dict[str, float]) -> None:
+        """The circuit breaker: stop when more than ``max_retriever_error_rate`` of the step's searches failed."""
+        failed, searches = search_failure_rate(trajectories)
+        metrics["rollout/retriever_error_rate"] = failed / max(searches, 1)
+        limit = self.settings.max_retriever_error_rate
+        if searches and failed / searches > limit:
+            raise RetrieverOutage(
+                f"step {self.step}: {failed} of {searches} searches failed (retriever errors), more than "
+                f"actor_rollout_ref.rollout.max_retriever_error_rate={limit:g}; stopping before training on error "
+                "observations. Check the retriever (retriever.url, its log), then resume: the last checkpoint is kept"
+            )
 
     def score(
         self, prompts: PromptBatch, trajectories: list[Trajectory], metrics: dict[str, float]
@@ -174,6 +198,10 @@ class PPOTrainer:
         metrics.update(reward_metrics(results, prompts.data_sources, prompts.uids))
         meta = BatchMeta(step=self.step, weight_version=int(metrics.get("rollout/weight_version", 0)))
         batch = build_train_batch(trajectories, prompts, self.settings.pad_token_id, self.settings.response_width, meta)
+        if not self.settings.train_on_retriever_errors:
+            keep = failed_search_mask(trajectories)  # (B,)
+            metrics["rollout/left_out_retriever_errors"] = float(len(keep) - int(keep.sum()))
+            batch = batch.replace(sample_mask=keep)
         return batch.replace(token_level_scores=place_scores(batch, [r.score for r in results])), results
 
     def compute_old_logprobs(self, batch: TrainBatch, metrics: dict[str, float]) -> TrainBatch:
@@ -249,13 +277,20 @@ class PPOTrainer:
 
     # --- checkpoints -------------------------------------------------------------------------------------------
 
-    def save(self) -> None:
-        """Checkpoint the workers' models and optimizers and the loop's state, atomically."""
+    def save(self, metrics: dict[str, float]) -> None:
+        """Checkpoint the workers' models and optimizers and the loop's state, atomically, and log the step.
+
+        The step's metrics are logged after the files are written and before the checkpoint is committed (renamed
+        into place): a crash in between leaves the previous checkpoint, from which the resumed run redoes the step
+        (its line is rewound), and a committed checkpoint always has its step's line in ``metrics.jsonl``.
+        """
         with self.checkpoints.writing(self.step) as directory:
-            self.actor.broadcast("save_checkpoint", str(directory))
-            if self.critic is not None:
-                self.critic.broadcast("save_checkpoint", str(directory))
-            torch.save(self.state_dict(), directory / TRAINER_STATE)
+            with timer("save", metrics):
+                self.actor.broadcast("save_checkpoint", str(directory))
+                if self.critic is not None:
+                    self.critic.broadcast("save_checkpoint", str(directory))
+                torch.save(self.state_dict(), directory / TRAINER_STATE)
+            self.tracker.log(metrics, self.step)
 
     def resume(self) -> None:
         """Continue from the checkpoint ``trainer.resume`` names (latest for ``auto``), if any.

@@ -2,7 +2,8 @@
 
 - ``console``: one compact line per step (reward, EM, KL, entropy, phase times) through ``logging``.
 - ``jsonl``: ``metrics.jsonl`` in the run folder, one ``{"step": n, ...}`` object per line. On resume the lines of
-  steps after the checkpoint are dropped, so the file reads as one uninterrupted run.
+  steps after the checkpoint are dropped, so the file reads as one uninterrupted run (a line cut off by a crash is
+  dropped too, with a warning).
 - ``tensorboard``: event files under ``tensorboard/`` (skipped with a warning when tensorboard is not installed).
 - ``wandb``: only when asked for; it must be installed.
 
@@ -83,11 +84,24 @@ class JsonlSink:
         path.parent.mkdir(parents=True, exist_ok=True)
 
     def rewind(self, step: int) -> None:
-        """Drop the lines of steps after ``step`` (a resumed run rewrites them)."""
+        """Drop the lines of steps after ``step`` (a resumed run rewrites them), and any line that is not a metrics
+        record: a line cut off by a crash mid-write is dropped with a warning, not a reason to refuse the resume."""
         if not self.path.exists():
             return
-        kept = [line for line in self.path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-        self.path.write_text("".join(line + "\n" for line in kept))
+        kept = []
+        for number, line in enumerate(self.path.read_text().splitlines(), start=1):
+            record = _parse_record(line)
+            if record is None:
+                if line.strip():
+                    logger.warning(
+                        "%s line %d is not a metrics record (cut off by a crash?); dropped", self.path, number
+                    )
+                continue
+            if record["step"] <= step:
+                kept.append(line)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.replace(self.path)
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         record: dict[str, Any] = {"step": step}
@@ -97,6 +111,17 @@ class JsonlSink:
 
     def close(self) -> None:
         return None
+
+
+def _parse_record(line: str) -> dict[str, Any] | None:
+    """The JSON object of a ``metrics.jsonl`` line, or None when the line is not one (torn, blank, no int step)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+        return None
+    return record
 
 
 class TensorBoardSink:

@@ -5,6 +5,8 @@ Run: python -m pytest tests/search_rl/test_steps.py -q
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -12,7 +14,14 @@ from search_rl.algorithms import AlgorithmConfig, FixedKLController
 from search_rl.datatypes import RolloutResult, Segment, Trajectory, TrajectoryStats
 from search_rl.protocol import BatchMeta, PromptBatch
 from search_rl.scoring import reward_metrics
-from search_rl.steps import build_train_batch, compute_advantages, merge_rollout_metrics, place_scores
+from search_rl.steps import (
+    build_train_batch,
+    compute_advantages,
+    failed_search_mask,
+    merge_rollout_metrics,
+    place_scores,
+    search_failure_rate,
+)
 
 PAD = 0
 
@@ -103,3 +112,17 @@ def test_merged_rollout_metrics_and_reward_metrics():
     assert m["reward/groups_all_equal_em"] == 0.0
     m = reward_metrics(results, ["nq", "nq", "hotpotqa"], ["g1", "g2", "g2"])
     assert m["reward/groups_all_equal"] == 1.0  # g2's two samples both got 0: no GRPO signal
+
+
+def test_left_out_samples_get_no_loss_tokens_and_no_share_in_their_group():
+    trajs = [_traj([1], [1, 1, 1]) for _ in range(4)]
+    trajs[1] = dataclasses.replace(trajs[1], stats=TrajectoryStats(turns=2, searches=1, retriever_errors=1))
+    keep = failed_search_mask(trajs)
+    assert keep.tolist() == [1, 0, 1, 1] and search_failure_rate(trajs) == (1, 1)
+    batch = build_train_batch(trajs, _prompts(["g"] * 4), PAD, 3, BatchMeta())
+    batch = batch.replace(token_level_scores=place_scores(batch, [1.0, 1.0, 0.0, 0.0]), sample_mask=keep)
+    out, _ = compute_advantages(batch, AlgorithmConfig(adv_estimator="grpo", norm_adv_by_std=False), kl_ctrl=None)
+    assert out.loss_mask[1].sum() == 0 and out.loss_mask[[0, 2, 3]].sum() == 9
+    assert out.advantages[1].abs().sum() == 0
+    # the group's baseline is the mean of the 3 kept samples (1/3), not of all 4 (1/2)
+    assert out.advantages[0, 0].item() == pytest.approx(2 / 3) and out.advantages[2, 0].item() == pytest.approx(-1 / 3)

@@ -90,3 +90,16 @@ def test_rollout_dump_records(tmp_path, tokenizer):
     (tmp_path / "val_step_000005.jsonl").write_text("")
     RolloutDumper(tmp_path, tokenizer).rewind(3)  # a run restarted from step 3 drops the later dumps
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train_step_000003.jsonl"]
+
+
+def test_rewind_drops_a_line_cut_off_by_a_crash(tmp_path, caplog):
+    tracker = build_tracker(["jsonl"], tmp_path, 5, "p", "e", {})
+    for step in (1, 2, 3):
+        tracker.log({"reward/em": step / 10}, step)
+    path = tmp_path / "metrics.jsonl"
+    text = path.read_text()
+    path.write_text(text[: text.rindex("{") + 12])  # the step-3 line torn mid-write, no newline
+    with caplog.at_level("WARNING"):
+        build_tracker(["jsonl"], tmp_path, 5, "p", "e", {}).rewind(3)
+    assert "metrics.jsonl line 3 is not a metrics record" in caplog.text
+    assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [1, 2]
