@@ -7,8 +7,9 @@
 
 The only module that knows every concrete class. Order of work: compose and type-check the config (Hydra), then
 ``prepare``: everything that can fail without Ray (cross-field checks against the model's context length, the
-retriever's ``/health``, the data files and prompt lengths, metric sinks) — a failure there exits with code 2 and
-one clear message. Only then ``train`` starts Ray, the worker groups and the ``PPOTrainer``.
+retriever's ``/health`` and one real search, the data files and prompt lengths, metric sinks) — a failure there
+exits with code 2 and one clear message. Only then ``train`` starts Ray (``ray_session``), the worker groups and the
+``PPOTrainer``.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from search_rl.models import SMOLLM2, load_tokenizer
 from search_rl.models.loading import gguf_model_dir, local_model_dir, smollm2_gguf_path
 from search_rl.models.tiny import tiny_llama_config
 from search_rl.protocol import PromptBatch
+from search_rl.ray_session import ray_session
 from search_rl.tracking import RolloutDumper, Tracker, build_tracker
 from search_rl.train_config import CONFIG_DIR, ConfigError, PPOConfig, register_configs, to_config
 from search_rl.trainer import PPOTrainer, StepSettings, Workers
@@ -188,31 +188,6 @@ def build_trainer(cfg: PPOConfig, prepared: Prepared, actor: Workers, critic: Wo
         checkpoints=CheckpointManager(run_dir, cfg.trainer.max_ckpt_to_keep),
         dumper=RolloutDumper(run_dir / "rollouts", tokenizer) if cfg.trainer.dump_rollouts else None,
     )
-
-
-@contextmanager
-def ray_session(address: str | None) -> Iterator[list[Any]]:
-    """Ray for one run: started here unless already running (then stopped here); the worker groups the block
-    appends to the yielded list are shut down on the way out, also on failure."""
-    import ray
-
-    started = False
-    if not ray.is_initialized():
-        ray.init(
-            address=address,
-            include_dashboard=False,
-            runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}},
-        )
-        started = True
-    groups: list[Any] = []
-    try:
-        yield groups
-    finally:
-        for group in groups:
-            if isinstance(group, WorkerGroup):
-                group.shutdown()
-        if started:
-            ray.shutdown()
 
 
 def train(cfg: PPOConfig, prepared: Prepared) -> list[tuple[int, dict[str, float]]]:
