@@ -6,13 +6,14 @@ started.
 
 Why a guard process: a driver killed with SIGKILL (or by the OOM killer) runs no ``finally``. gcs_server and the
 raylet die with it (Ray starts them with a parent-death signal), but the raylet's agents, ``ray::DashboardAgent``
-and ``ray::RuntimeEnvAgent``, outlive it: they see the raylet is gone, then block reporting that to the dead GCS
-(Ray 2.60; they survived 4 of 4 driver kills). So before ``ray.init`` the session starts a small guard
-(``python -m search_rl.ray_session``, in its own session so a Ctrl-C aimed at the driver does not reach it) and
-sends it the PIDs of the processes ``ray.init`` started. The guard records the process tree under them every
-``POLL_S`` seconds; when its stdin pipe closes, which happens however the driver ends, it kills every recorded
-process still running (psutil refuses a PID that was reused by another process) and exits. A cluster joined
-through ``address`` is not the run's to kill: no guard then.
+and ``ray::RuntimeEnvAgent``, outlive it: their logs say the raylet died, yet they keep running (Ray 2.60; the
+dashboard agent's last log line is its report of the death to the GCS, which is gone too). Both were still running
+15 s after each of 4 driver kills. So before ``ray.init`` the session starts a small guard (``python -m
+search_rl.ray_session``, in its own session so a Ctrl-C aimed at the driver does not reach it) and sends it the PIDs
+of the processes ``ray.init`` started. The guard records the process tree under them every ``POLL_S`` seconds; when
+its stdin pipe closes, which happens however the driver ends, it kills every recorded process still running (psutil
+refuses a PID that was reused by another process) and exits. A cluster joined through ``address`` is not the run's
+to kill: no guard then.
 """
 
 from __future__ import annotations
