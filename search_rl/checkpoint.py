@@ -10,7 +10,8 @@ Layout of ``<trainer.default_local_dir>/global_step_<N>/``::
 
 A checkpoint is written into a hidden ``.tmp-global_step_<N>-<pid>`` folder and renamed into place only once every
 file is there: a rename is atomic, so a crash mid-write leaves the previous checkpoints usable and at most a stray
-temporary folder (ignored, and removed by the next save). ``latest_checkpointed_iteration.txt`` (verl's name) is
+temporary folder (ignored, and removed by the next save). The trainer writes the step's ``metrics.jsonl`` line inside
+the ``writing`` block, so it is on disk before the rename. ``latest_checkpointed_iteration.txt`` (verl's name) is
 rewritten after each save for tools; resuming does not trust it and scans the folders instead. With several
 machines, ``default_local_dir`` must be on a file system every worker can write (workers write their own files).
 """
