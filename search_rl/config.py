@@ -10,12 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-START_RETRIEVER_HINT = (
-    "start it with `RETRIEVER_METHOD=bm25 python -m uvicorn retriever_server.app:app --host 127.0.0.1 --port 8000` "
-    "and point retriever.url at it"
-)
-"""How to start the retriever; quoted in every error about an unreachable retriever."""
-
 
 @dataclass
 class RetrieverClientConfig:
