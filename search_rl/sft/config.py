@@ -20,6 +20,7 @@ from search_rl.train_config import (
     RewardConfig,
     TrainerConfig,
     TrainRolloutConfig,
+    check_trainable_dtype,
 )
 
 SFT_TRAIN_FILE = "data/datasets/nq_hotpotqa_mini/sft_train.parquet"
@@ -64,6 +65,7 @@ class SFTConfig:
     """Loop length, validation and checkpoint schedule, workers, logging."""
 
     def __post_init__(self) -> None:
+        check_trainable_dtype(self.model)
         if self.micro_batch_size_per_gpu < 1:
             raise ConfigError(f"micro_batch_size_per_gpu must be >= 1, got {self.micro_batch_size_per_gpu}")
         if self.grad_clip < 0:

@@ -157,7 +157,25 @@ def init_process_group(spec: WorkerSpec, host: str, port: int) -> None:
         spec.backend, store=store, rank=spec.rank, world_size=spec.world_size, timeout=timeout, **kwargs
     )
     dist.barrier()
-    logger.info("rank %d/%d joined the %s group at %s:%d", spec.rank, spec.world_size, spec.backend, host, port)
+    logger.info(
+        "rank %d/%d on node %s joined the %s group at %s:%d",
+        spec.rank,
+        spec.world_size,
+        ray_node_id(),
+        spec.backend,
+        host,
+        port,
+    )
+
+
+def ray_node_id() -> str:
+    """The Ray node this process runs on (``-`` outside Ray)."""
+    try:
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id()) if ray.is_initialized() else "-"
+    except ImportError:
+        return "-"
 
 
 # --- sharding ---------------------------------------------------------------------------------------------------

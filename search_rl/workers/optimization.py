@@ -156,6 +156,7 @@ class TrainableModel:
     def save_optimizer(self, path: Path) -> None:
         state = self.optimizer_state()
         if self.spec.rank == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
             torch.save(state, path)
 
     def load_optimizer(self, path: Path) -> None:

@@ -11,55 +11,15 @@ Run: python -m pytest tests/search_rl/workers/test_workers_local.py -q
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.multiprocessing as mp
+from worker_factory import free_port as _free_port
+from worker_factory import make_actor as _actor
+from worker_factory import make_critic, whole
 
-from search_rl.algorithms import AlgorithmConfig
-from search_rl.config import RetrieverClientConfig
-from search_rl.data import PromptDataset, read_rows
-from search_rl.protocol import BatchMeta, TrainBatch
-from search_rl.steps import build_train_batch, compute_advantages, place_scores
-from search_rl.train_config import ActorConfig, CriticConfig, ModelConfig, OptimConfig, RefConfig, TrainRolloutConfig
-from search_rl.workers import WorkerSpec
+from search_rl.protocol import TrainBatch
 from search_rl.workers.actor_rollout_ref import ActorRolloutRefWorker
-from search_rl.workers.critic import CriticWorker
-
-ALGO = AlgorithmConfig(adv_estimator="grpo", use_kl_loss=True, entropy_coeff=0.01)
-ROLLOUT = TrainRolloutConfig(n=2, max_turns=1, max_turn_tokens=16, max_obs_tokens=96, max_response_tokens=96)
-
-
-def _actor(micro: int = 2, mini: int = 4, rank: int = 0, world: int = 1) -> ActorRolloutRefWorker:
-    worker = ActorRolloutRefWorker(
-        WorkerSpec(rank=rank, world_size=world, torch_threads=1, seed=0),
-        ModelConfig(path="tiny"),
-        ActorConfig(
-            optim=OptimConfig(lr=1e-3), ppo_mini_batch_size=mini, ppo_micro_batch_size_per_gpu=micro, shuffle=False
-        ),
-        ROLLOUT,
-        RefConfig(),
-        ALGO,
-        RetrieverClientConfig(url="http://127.0.0.1:9"),  # never called: the random model never writes a valid search
-    )
-    return worker
-
-
-@pytest.fixture(scope="module")
-def rollout_batch(tokenizer) -> TrainBatch:
-    """8 samples (4 prompts x 2) from the tiny model: random turns, invalid-action feedback inserted with mask 0."""
-    worker = _actor()
-    worker.init_distributed("127.0.0.1", 0)
-    prompts = PromptDataset(read_rows(["data/datasets/nq_hotpotqa_mini/train.parquet"])[:4], tokenizer, 512, False)
-    batch_prompts = prompts.batch(range(4)).repeat_interleave(2)
-    result = worker.generate(batch_prompts, False, 123)
-    batch = build_train_batch(result.trajectories, batch_prompts, tokenizer.pad_token_id, 96, BatchMeta(step=1))
-    scores = [float(i % 3 == 0) for i in range(8)]
-    batch = batch.replace(token_level_scores=place_scores(batch, scores))
-    old, _ = worker.compute_log_prob(batch)
-    batch = batch.replace(old_logprobs=old, ref_logprobs=worker.compute_ref_log_prob(batch))
-    return compute_advantages(batch, ALGO, None)[0]
 
 
 def test_recomputed_logprobs_match_the_engine(rollout_batch):
@@ -71,12 +31,6 @@ def test_recomputed_logprobs_match_the_engine(rollout_batch):
     torch.testing.assert_close(rollout_batch.ref_logprobs, rollout_batch.old_logprobs)
 
 
-def _full(grad: torch.Tensor) -> torch.Tensor:
-    """The whole gradient of a (FSDP2-sharded) parameter."""
-    full = getattr(grad, "full_tensor", None)
-    return (full() if callable(full) else grad).detach().clone()
-
-
 def _gradients(worker: ActorRolloutRefWorker, batch: TrainBatch) -> list[torch.Tensor]:
     """Run an actor update and return the gradients of every optimizer step, in order."""
     if worker.trainable is None:
@@ -84,7 +38,7 @@ def _gradients(worker: ActorRolloutRefWorker, batch: TrainBatch) -> list[torch.T
     trainable = worker.trainable
     assert trainable is not None
     captured: list[torch.Tensor] = []
-    trainable.optimizer.register_step_pre_hook(lambda *_: captured.extend(_full(p.grad) for p in trainable.params))
+    trainable.optimizer.register_step_pre_hook(lambda *_: captured.extend(whole(p.grad) for p in trainable.params))
     worker.update_actor(batch, step=1)
     return captured
 
@@ -96,12 +50,6 @@ def test_micro_batches_accumulate_to_the_same_gradient(rollout_batch):
     assert len(one) == len(four) > 0
     for a, b in zip(one, four, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _rank_gradients(rank: int, port: int, batch: TrainBatch, out: dict) -> None:
@@ -133,13 +81,7 @@ def test_two_gloo_ranks_give_the_single_process_gradient(rollout_batch):
 
 
 def test_critic_values_and_update(rollout_batch):
-    critic = CriticWorker(
-        WorkerSpec(rank=0, world_size=1, torch_threads=1),
-        ModelConfig(path="tiny"),
-        CriticConfig(optim=OptimConfig(lr=1e-2), ppo_mini_batch_size=4),
-        ALGO,
-        n_samples=2,
-    )
+    critic = make_critic()
     critic.init_distributed("127.0.0.1", 0)
     values = critic.compute_values(rollout_batch)
     assert values.shape == rollout_batch.response_ids.shape and values.abs().sum() == 0  # zero-initialised head

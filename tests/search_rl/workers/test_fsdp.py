@@ -1,0 +1,250 @@
+"""FSDP2, the one data-parallel path (gloo here, NCCL on GPUs): the defects it fixed and the invariants it keeps.
+
+- A tied model's gathered full state dict (which names ``lm_head.weight``) loads into the HF engine.
+- bf16 compute trains fp32 master weights: an lr 1e-6 update changes them (bf16 master weights would not move).
+- The engine export of a 2-rank model holds whole tensors of the model's shapes, loadable by ``from_pretrained``.
+- A 2-rank step equals a 1-rank step on the same global batch, with and without micro-batching.
+- Checkpoints reshard: saved by 2 ranks, resumed by 1, and the reverse; ties survive; ``actor/`` is a plain HF folder.
+
+Run: python -m pytest tests/search_rl/workers/test_fsdp.py -q
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+from worker_factory import free_port, make_actor, make_critic, whole
+
+from search_rl.config import HFEngineConfig
+from search_rl.models import build_tiny_model
+from search_rl.protocol import TrainBatch
+from search_rl.rollout.hf import HFEngine
+from search_rl.workers import WorkerSpec
+from search_rl.workers import distributed as D
+
+TIED = ("model.embed_tokens.weight", "lm_head.weight")
+
+
+def _weights(worker) -> dict[str, torch.Tensor]:
+    return {k: whole(v) for k, v in worker.module.state_dict().items()}
+
+
+def _spawn(target, *args) -> dict:
+    """Run ``target(rank, port, out, *args)`` on two gloo ranks; return what they put in ``out``."""
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as manager:
+        out = manager.dict()
+        port = free_port()
+        procs = [ctx.Process(target=target, args=(r, port, out, *args)) for r in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=300)
+        assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+        return dict(out)
+
+
+def test_full_state_dict_of_a_tied_model_syncs_into_the_hf_engine(tokenizer):
+    spec = WorkerSpec(rank=0, world_size=1)
+    D.init_process_group(spec, "127.0.0.1", 0)
+    policy = D.shard(build_tiny_model(tokenizer, seed=1), spec, torch.float32)
+    state = D.full_state_dict(policy)
+    assert set(TIED) <= set(state)  # the gathered dict names the tied head too (it crashed the engine before)
+    engine = HFEngine(build_tiny_model(tokenizer, seed=2), tokenizer, HFEngineConfig())
+    engine.update_weights(state.items(), version=7)
+    assert engine.weight_version == 7
+    model = engine.model
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # still tied
+    ids = torch.tensor([tokenizer.encode("Who wrote Hamlet?")])
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, policy(input_ids=ids).logits)
+    with pytest.raises(KeyError, match="no tensor was given"):  # a partial update never leaves stale weights
+        engine.update_weights([("model.norm.weight", state["model.norm.weight"])], version=8)
+
+
+def test_bf16_master_weights_swallow_small_updates_fp32_do_not():
+    # The defect: 10 AdamW steps at lr 1e-6 on bf16 weights near 0.02 change none of them.
+    weights = torch.nn.Parameter((0.02 + 0.001 * torch.randn(1000)).to(torch.bfloat16))
+    optimizer = torch.optim.AdamW([weights], lr=1e-6, weight_decay=0.0)
+    before = weights.detach().clone()
+    for _ in range(10):
+        weights.grad = torch.randn_like(weights)
+        optimizer.step()
+    assert int((weights.detach() != before).sum()) == 0
+
+
+def test_bf16_compute_updates_the_fp32_master_weights(rollout_batch: TrainBatch):
+    actor = make_actor(lr=1e-6, dtype="bfloat16")
+    actor.init_distributed("127.0.0.1", 0)
+    assert {p.dtype for p in actor.module.parameters()} == {torch.float32}  # the master copy
+    assert actor.engine_model is not None and actor.engine_model.dtype == torch.bfloat16
+    logits = []
+    handle = actor.module.lm_head.register_forward_hook(lambda _m, _i, out: logits.append(out.dtype))
+    before = _weights(actor)
+    actor.update_actor(rollout_batch, step=1)
+    handle.remove()
+    assert logits and set(logits) == {torch.bfloat16}  # the forward ran in the compute dtype
+    after = _weights(actor)
+    changed = sum(int((before[k] != after[k]).sum()) for k in before)
+    total = sum(v.numel() for v in before.values())
+    assert changed / total > 0.5, f"only {changed} of {total} master weights moved"
+    # the critic the same way
+    critic = make_critic(lr=1e-6, dtype="bfloat16")
+    critic.init_distributed("127.0.0.1", 0)
+    assert {p.dtype for p in critic.module.parameters()} == {torch.float32}
+    values = critic.compute_values(rollout_batch)
+    batch = rollout_batch.replace(values=values, returns=torch.ones_like(values) * rollout_batch.loss_mask)
+    before = _weights(critic)
+    critic.update_critic(batch, step=1)
+    after = _weights(critic)
+    assert sum(int((before[k] != after[k]).sum()) for k in before) > 0
+
+
+def test_engine_sync_after_an_update_gives_the_engine_the_policy(rollout_batch: TrainBatch, tokenizer):
+    actor = make_actor()
+    actor.init_distributed("127.0.0.1", 0)
+    actor.update_actor(rollout_batch, step=1)
+    ids = torch.tensor([tokenizer.encode("Who wrote Hamlet?")])
+    assert actor.engine is not None and actor.engine_model is not None
+    with torch.no_grad():
+        policy_logits = actor.module(input_ids=ids).logits
+        assert not torch.allclose(actor.engine_model(input_ids=ids).logits, policy_logits)  # stale until synced
+        assert actor.sync_weights(1) == 1
+        torch.testing.assert_close(actor.engine_model(input_ids=ids).logits, policy_logits)
+
+
+def _rank_export(rank: int, port: int, out: dict, directory: str) -> None:
+    worker = make_actor(rank=rank, world=2, dtype="bfloat16")
+    worker.init_distributed("127.0.0.1", port)
+    worker.export_for_engine(str(Path(directory) / f"rank{rank}"))
+    out[rank] = True
+
+
+@pytest.mark.slow
+def test_engine_export_of_a_two_rank_model_has_whole_tensors(tmp_path, tokenizer):
+    _spawn(_rank_export, str(tmp_path))
+    reference = build_tiny_model(tokenizer)  # the tiny model is deterministic: the ranks started from these weights
+    expected = {k: v for k, v in reference.state_dict().items() if k != "lm_head.weight"}
+    for rank in (0, 1):
+        folder = tmp_path / f"rank{rank}"
+        tensors = load_file(str(folder / "model.safetensors"))
+        assert {k: tuple(v.shape) for k, v in tensors.items()} == {k: tuple(v.shape) for k, v in expected.items()}
+        assert {v.dtype for v in tensors.values()} == {torch.bfloat16}
+        for name, value in tensors.items():
+            torch.testing.assert_close(value, expected[name].to(torch.bfloat16), msg=name)
+        loaded = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
+        assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+
+
+def _rank_step(rank: int, port: int, out: dict, batch: TrainBatch, micro: int) -> None:
+    worker = make_actor(micro=micro, mini=4, rank=rank, world=2)
+    worker.init_distributed("127.0.0.1", port)
+    # 5 rows over 2 ranks: 3 and 2 forward passes with micro-batches of 1; the shorter rank pads (matched_passes)
+    uneven = worker.compute_log_prob(batch.select(torch.arange(5)).split(2)[rank])[0]
+    worker.update_actor(batch.split(2)[rank], step=1)
+    out[rank] = (_weights(worker), uneven)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("micro", [1, 4], ids=["micro-batches-of-1", "no-micro-batching"])
+def test_two_ranks_take_the_single_process_step(rollout_batch: TrainBatch, micro: int):
+    # One optimizer step over all 8 samples. AdamW's first step moves each weight by about lr * sign(grad), so a
+    # gradient that differed in sign anywhere would show as a 2e-3 gap; agreement within 1e-5 means the same step.
+    single = make_actor(micro=micro, mini=4)
+    single.init_distributed("127.0.0.1", 0)
+    logprobs = single.compute_log_prob(rollout_batch.select(torch.arange(5)))[0]
+    single.update_actor(rollout_batch, step=1)
+    expected = _weights(single)
+    ranks = _spawn(_rank_step, rollout_batch, micro)
+    torch.testing.assert_close(torch.cat([ranks[0][1], ranks[1][1]]), logprobs, rtol=1e-5, atol=1e-5)
+    for name in expected:
+        torch.testing.assert_close(ranks[0][0][name], ranks[1][0][name], rtol=0, atol=0, msg=name)
+    _assert_same_step(ranks[0][0], expected, lr=1e-3)
+
+
+def _assert_same_step(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], lr: float) -> None:
+    """``a`` and ``b`` are the same AdamW step from the same weights: all but a few elements agree within 1e-5.
+
+    Summation order differs between 1 and 2 ranks, so a gradient element within rounding of zero can change sign;
+    AdamW's first step moves every element by about ``lr * sign(grad)``, so such an element lands up to ``2 lr``
+    away. Allowed: at most 0.1% of the elements, none further than ``2 lr`` (plus rounding)."""
+    assert a.keys() == b.keys()
+    off = total = 0
+    for name in a:
+        diff = (a[name] - b[name]).abs()
+        assert float(diff.max()) <= 2 * lr + 1e-6, f"{name}: moved {float(diff.max()):.2e} apart"
+        off += int((diff > 1e-5).sum())
+        total += diff.numel()
+    print(f"{off} of {total} elements differ by more than 1e-5")
+    assert off <= 1e-3 * total, f"{off} of {total} elements differ by more than 1e-5"
+
+
+def _rank_save(rank: int, port: int, out: dict, batch: TrainBatch, directory: str) -> None:
+    worker = make_actor(micro=2, mini=4, rank=rank, world=2)
+    worker.init_distributed("127.0.0.1", port)
+    worker.update_actor(batch.split(2)[rank], step=1)
+    worker.save_checkpoint(directory)
+    out[rank] = _weights(worker)
+
+
+def _rank_load(rank: int, port: int, out: dict, batch: TrainBatch, directory: str) -> None:
+    worker = make_actor(micro=2, mini=4, rank=rank, world=2)
+    worker.init_distributed("127.0.0.1", port)
+    worker.load_checkpoint(directory)
+    loaded = _weights(worker)
+    worker.update_actor(batch.split(2)[rank], step=2)
+    out[rank] = (loaded, _weights(worker), worker.module.lm_head.weight is worker.module.model.embed_tokens.weight)
+
+
+def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], **tol: float) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], msg=name, **tol)
+
+
+@pytest.mark.slow
+def test_checkpoints_reshard_between_two_ranks_and_one(rollout_batch: TrainBatch, tmp_path):
+    # 2 ranks save -> 1 rank resumes: same weights, still tied, and the next step matches the 2-rank run's
+    saved = _spawn(_rank_save, rollout_batch, str(tmp_path / "two"))[0]
+    one = make_actor(micro=2, mini=4)
+    one.init_distributed("127.0.0.1", 0)
+    one.load_checkpoint(str(tmp_path / "two"))
+    _assert_same(_weights(one), saved, rtol=0, atol=0)
+    assert one.module.lm_head.weight is one.module.model.embed_tokens.weight
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "two" / "actor", local_files_only=True)
+    assert plain.lm_head.weight is plain.model.embed_tokens.weight
+    _assert_same({k: v.detach() for k, v in plain.state_dict().items()}, saved, rtol=0, atol=0)
+
+    # 1 rank saves -> 2 ranks resume; the optimizer state came along: one more step agrees with the 1-rank one
+    one.save_checkpoint(str(tmp_path / "one"))
+    one.update_actor(rollout_batch, step=2)
+    loaded, stepped, tied = _spawn(_rank_load, rollout_batch, str(tmp_path / "one"))[0]
+    _assert_same(loaded, saved, rtol=0, atol=0)
+    assert tied
+    _assert_same_step(stepped, _weights(one), lr=1e-3)
+
+
+def _rank_start(rank: int, port: int, out: dict) -> None:
+    spec = WorkerSpec(rank=rank, world_size=2)
+    D.init_process_group(spec, "127.0.0.1", port)
+    out[rank] = D.all_reduce_sum(float(rank + 1), spec)
+
+
+@pytest.mark.slow
+def test_the_group_starts_every_time():
+    # Start-up of a 2-rank group, three times in a row (one start in six aborted before the store held its port).
+    for _ in range(3):
+        assert _spawn(_rank_start) == {0: 3.0, 1: 3.0}
+
+
+def test_training_refuses_float16_naming_the_key():
+    from search_rl.train_config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"model\.dtype=float16 .*bfloat16"):
+        load_config(["model.dtype=float16"])
+    assert load_config(["model.dtype=bfloat16"]).model.dtype == "bfloat16"

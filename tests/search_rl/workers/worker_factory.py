@@ -1,0 +1,85 @@
+"""Shared by the worker tests (imported by name, also inside spawned rank processes): the tiny actor and critic,
+a real rollout batch, and whole (unsharded) views of sharded tensors."""
+
+from __future__ import annotations
+
+import socket
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from search_rl.algorithms import AlgorithmConfig
+from search_rl.config import RetrieverClientConfig
+from search_rl.data import PromptDataset, read_rows
+from search_rl.protocol import BatchMeta, TrainBatch
+from search_rl.steps import build_train_batch, compute_advantages, place_scores
+from search_rl.train_config import ActorConfig, CriticConfig, ModelConfig, OptimConfig, RefConfig, TrainRolloutConfig
+from search_rl.workers import WorkerSpec
+from search_rl.workers.actor_rollout_ref import ActorRolloutRefWorker
+from search_rl.workers.critic import CriticWorker
+
+ALGO = AlgorithmConfig(adv_estimator="grpo", use_kl_loss=True, entropy_coeff=0.01)
+ROLLOUT = TrainRolloutConfig(n=2, max_turns=1, max_turn_tokens=16, max_obs_tokens=96, max_response_tokens=96)
+
+
+def make_actor(
+    micro: int = 2,
+    mini: int = 4,
+    rank: int = 0,
+    world: int = 1,
+    *,
+    lr: float = 1e-3,
+    dtype: str = "float32",
+    device: str = "cpu",
+) -> ActorRolloutRefWorker:
+    """The tiny-model actor (policy + HF engine + reference) of one rank; the group is not joined yet."""
+    return ActorRolloutRefWorker(
+        WorkerSpec(rank=rank, world_size=world, device=device, torch_threads=1, seed=0),
+        ModelConfig(path="tiny", dtype=dtype),
+        ActorConfig(
+            optim=OptimConfig(lr=lr), ppo_mini_batch_size=mini, ppo_micro_batch_size_per_gpu=micro, shuffle=False
+        ),
+        ROLLOUT,
+        RefConfig(),
+        ALGO,
+        RetrieverClientConfig(url="http://127.0.0.1:9"),  # never called: the random model never writes a valid search
+    )
+
+
+def make_critic(rank: int = 0, world: int = 1, *, lr: float = 1e-2, dtype: str = "float32") -> CriticWorker:
+    """The tiny-model critic of one rank; the group is not joined yet."""
+    return CriticWorker(
+        WorkerSpec(rank=rank, world_size=world, torch_threads=1),
+        ModelConfig(path="tiny", dtype=dtype),
+        CriticConfig(optim=OptimConfig(lr=lr), ppo_mini_batch_size=4),
+        ALGO,
+        n_samples=2,
+    )
+
+
+def build_rollout_batch(tokenizer: PreTrainedTokenizerBase) -> TrainBatch:
+    """8 samples (4 prompts x 2) from the tiny model: random turns, invalid-action feedback inserted with mask 0,
+    scored, with old and reference log-probs and GRPO advantages."""
+    worker = make_actor()
+    worker.init_distributed("127.0.0.1", 0)
+    prompts = PromptDataset(read_rows(["data/datasets/nq_hotpotqa_mini/train.parquet"])[:4], tokenizer, 512, False)
+    batch_prompts = prompts.batch(range(4)).repeat_interleave(2)
+    result = worker.generate(batch_prompts, False, 123)
+    batch = build_train_batch(result.trajectories, batch_prompts, tokenizer.pad_token_id, 96, BatchMeta(step=1))
+    scores = [float(i % 3 == 0) for i in range(8)]
+    batch = batch.replace(token_level_scores=place_scores(batch, scores))
+    old, _ = worker.compute_log_prob(batch)
+    batch = batch.replace(old_logprobs=old, ref_logprobs=worker.compute_ref_log_prob(batch))
+    return compute_advantages(batch, ALGO, None)[0]
+
+
+def whole(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor behind a (possibly FSDP2-sharded) parameter or gradient, detached, on CPU."""
+    full = getattr(t, "full_tensor", None)
+    return (full() if callable(full) else t).detach().cpu().clone()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
