@@ -23,8 +23,10 @@ demo: install
 test: install-dev
 	$(PYTHON) -m pytest -q $(PYTEST_ARGS)
 
+# Lint and type check (CI runs it before the tests): ruff, then mypy over the packages configured in pyproject.toml.
 lint:
 	$(PYTHON) -m ruff check .
+	$(PYTHON) -m mypy
 
 bench:
 	$(PYTHON) bench/retriever_bench.py

@@ -117,7 +117,7 @@ def _evidence_musique(path: Path) -> dict[str, list[Passage]]:
 _NQ_LICENCE = "NQ: CC BY-SA 3.0; Wikipedia text: CC BY-SA"
 _HOTPOT_LICENCE = "HotpotQA: CC BY-SA 4.0"
 _HIPPORAG = {"repo": "OSU-NLP-Group/HippoRAG", "commit": "b144c46df14cabe5f5822d8caded4bec5f709461"}
-_R1 = {"repo": "RUCAIBox/R1-Searcher", "commit": "631167cbb3c2464f805730e3e364a690f5b136d4"}
+_R1: dict[str, Any] = {"repo": "RUCAIBox/R1-Searcher", "commit": "631167cbb3c2464f805730e3e364a690f5b136d4"}
 NQ_ORACLE = RawFile(
     rel="nelson-liu__lost-in-the-middle/nq-open-oracle.jsonl.gz",
     source="nq",
@@ -315,7 +315,7 @@ def plan_files(raw: Path, corpus_keys: CorpusIds, sizes: Sizes) -> dict[str, Fil
         pool = _read(raw, files, keys)
         chosen = "questions whose gold paragraphs are all in the corpus" if pool.evidence else "all questions"
         plan[f"eval/{name}_test.parquet"] = FilePlan("test", pool.questions, [pool], f"{chosen}; evaluation only")
-    tests = {name: p.questions for name, p in plan.items() if p.split == "test"}
+    tests: dict[str, Sequence[Question]] = {name: p.questions for name, p in plan.items() if p.split == "test"}
     check_disjoint(plan["nq_hotpotqa_mini/train.parquet"].questions, tests)
     return plan
 

@@ -97,7 +97,7 @@ class FormatError(ValueError):
 # Field helpers shared by the parsers
 
 
-def _answers(value: Any, field: str, where: Location, kind: type) -> Item | tuple[str, ...]:
+def _answers(value: Any, field: str, where: Location, kind: type) -> InvalidRecord | tuple[str, ...]:
     """Validate an answer field (``kind`` is ``str`` or ``list``) and return the cleaned answers, or why not."""
     if isinstance(value, kind) and kind is str:
         items: list[Any] = [value]

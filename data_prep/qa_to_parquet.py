@@ -176,7 +176,7 @@ def build_rows(questions: Sequence[Question], split: str, template: Template) ->
         ValueError: bad split, a template that needs passages, or two questions with the same id.
     """
     check_split_and_template(split, template)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for q in questions:
         rows.append(
             make_row(

@@ -129,7 +129,8 @@ def _row_problem(row: dict[str, Any]) -> str | None:
     ):
         return "prompt must be a non-empty list of {'role': str, 'content': str}"
     reward_model = row["reward_model"] if isinstance(row["reward_model"], dict) else {}
-    ground_truth = reward_model.get("ground_truth") if isinstance(reward_model.get("ground_truth"), dict) else {}
+    ground_truth = reward_model.get("ground_truth")
+    ground_truth = ground_truth if isinstance(ground_truth, dict) else {}
     target = ground_truth.get("target")
     if not (isinstance(target, list) and target and all(isinstance(a, str) and a for a in target)):
         return "reward_model.ground_truth.target must be a non-empty list of non-empty strings"

@@ -17,7 +17,7 @@ router = APIRouter()
 def _check_limits(req: RetrieveRequest, state: StateDep) -> int:
     """Apply the configured limits; return the top-k to use. Violations are 422s naming the field."""
     s = state.settings
-    errors = []
+    errors: list[dict[str, object]] = []
     topk = req.topk if req.topk is not None else s.default_topk
     if topk > s.max_topk:
         errors.append(

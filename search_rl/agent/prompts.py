@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
@@ -15,7 +16,7 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping
     """
     msgs = [dict(m) for m in messages]
     if getattr(tokenizer, "chat_template", None):
-        out = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        out: Any = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
         ids = out["input_ids"] if hasattr(out, "keys") else out  # transformers v5 returns a BatchEncoding
         return [int(i) for i in ids]
     text = "\n".join(m["content"] for m in msgs) + "\n"

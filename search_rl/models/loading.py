@@ -194,10 +194,12 @@ def load_model(
     source: str = SMOLLM2, *, dtype: torch.dtype = torch.float32, device: str = "cpu", seed: int = 0
 ) -> PreTrainedModel:
     """Causal LM of ``source`` in eval mode on ``device``; ``"tiny"`` builds a random 2-layer Llama from ``seed``."""
+    model: PreTrainedModel
     if source == "tiny":
         model = build_tiny_model(load_tokenizer(SMOLLM2), seed=seed)
     else:
         gguf = _gguf_source(source)
         path = gguf_model_dir(gguf) if gguf is not None else _local_dir(source)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
-    return model.to(device=device, dtype=dtype).eval()
+    # transformers wraps PreTrainedModel.to with functools.wraps, which mypy does not bind as a method
+    return model.to(device=device, dtype=dtype).eval()  # type: ignore[call-arg]

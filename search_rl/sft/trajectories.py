@@ -65,7 +65,8 @@ def parse_turns(raw: Any, where: str, max_query_chars: int = 512) -> list[SFTTur
         if not isinstance(turn, Mapping) or not isinstance(turn.get("text"), str):
             raise ValueError(f"{where}: trajectory turn {i} must be a mapping with a string `text`")
         passages = []
-        for j, p in enumerate(turn.get("passages") if turn.get("passages") is not None else ()):
+        raw_passages = turn.get("passages")
+        for j, p in enumerate(raw_passages if raw_passages is not None else ()):
             if not isinstance(p, Mapping) or not all(isinstance(p.get(k), str) for k in ("id", "title", "text")):
                 raise ValueError(f"{where}: trajectory turn {i} passage {j} needs string `id`, `title` and `text`")
             passages.append(Passage(p["id"], p["title"], p["text"]))

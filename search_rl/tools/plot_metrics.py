@@ -90,7 +90,8 @@ def plot_panel(series: Series, panel: Panel, out: Path) -> Path | None:
     if not keys:
         return None
     fig, ax = plt.subplots(figsize=(9, 4), dpi=100)
-    ax.set_prop_cycle(color=plt.get_cmap("tab20").colors)  # timing has more than 10 phases
+    tab20 = plt.get_cmap("tab20")
+    ax.set_prop_cycle(color=[tab20(i) for i in range(tab20.N)])  # timing has more than 10 phases
     for key in keys:
         steps, values = zip(*series[key], strict=True)
         ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=key)

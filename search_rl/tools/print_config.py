@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from omegaconf import OmegaConf, open_dict
@@ -95,7 +95,7 @@ def compose(config_name: str, overrides: list[str]) -> tuple[dict[str, Any], dic
         del composed["hydra"]
     resolved = OmegaConf.to_container(composed, resolve=True)
     assert isinstance(resolved, dict)
-    return resolved, choices
+    return cast(dict[str, Any], resolved), choices
 
 
 def sources(config_name: str, overrides: list[str], choices: dict[str, str], keys: list[str]) -> dict[str, str]:
