@@ -2,10 +2,10 @@
 
 ``read_rows`` reads the rows once and validates each against ``RowSchema`` (``docs/data.md``: ``prompt`` chat
 messages, ``data_source``, ``reward_model.ground_truth.target``, ``extra_info.id``, ``question``): a file with an
-invalid row is refused with the file, row and field named, never half-read. ``PromptDataset`` tokenizes every
-prompt with the policy's chat template. ``PromptLoader`` hands out batches of ``train_batch_size`` prompts, each repeated
-``rollout.n`` times in a row; the samples of a prompt share its globally unique id, which keys its GRPO group.
-Its position is two integers (epoch, batches taken in that epoch) and each epoch's order is a permutation seeded by
+invalid row is refused with the file, row and field named, never half-read. ``PromptDataset`` tokenizes every prompt
+with the policy's chat template. ``PromptLoader`` hands out batches of ``train_batch_size`` prompts, each repeated
+``rollout.n`` times in a row; the samples of a prompt share its globally unique id, which keys its GRPO group. Its
+position is two integers (epoch, batches taken in that epoch) and each epoch's order is a permutation seeded by
 ``seed + epoch``, so ``state_dict``/``load_state_dict`` resume exactly where a run stopped.
 """
 
