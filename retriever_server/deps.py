@@ -6,8 +6,12 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 
+from retriever_server.errors import without_paths
 from retriever_server.service import SearchService
 from retriever_server.state import AppState
+
+LOADING_RETRY_S = 5
+"""``Retry-After`` of a 503 while the index loads."""
 
 
 def get_state(request: Request) -> AppState:
@@ -18,8 +22,9 @@ def get_state(request: Request) -> AppState:
 def get_service(state: Annotated[AppState, Depends(get_state)]) -> SearchService:
     """The loaded service, or 503 while the index is loading or after loading failed."""
     if state.service is None:
-        detail = f"index failed to load: {state.error}" if state.error else "index is loading; poll GET /health"
-        raise HTTPException(status_code=503, detail=detail)
+        if state.error:
+            raise HTTPException(status_code=503, detail=f"index failed to load: {without_paths(state.error)}")
+        raise HTTPException(503, "index is loading; poll GET /health", headers={"Retry-After": str(LOADING_RETRY_S)})
     return state.service
 
 

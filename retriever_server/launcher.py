@@ -1,4 +1,4 @@
-"""Start a real ``uvicorn retriever_server.app:app`` in a child process and wait until its index is ready.
+"""Start a real retriever server (``python -m retriever_server``) in a child process and wait until it is ready.
 
 Used by the demo, the tests and the trainer's one-command run, so every one of them talks to the real service::
 
@@ -58,7 +58,7 @@ def wait_until_ready(url: str, timeout_s: float, process: subprocess.Popen[bytes
 
 
 class RetrieverProcess:
-    """A uvicorn child process serving the retriever; stopped on exit (also on errors and Ctrl-C)."""
+    """A ``python -m retriever_server`` child process; stopped on exit (also on errors and Ctrl-C)."""
 
     def __init__(
         self,
@@ -82,16 +82,7 @@ class RetrieverProcess:
 
     def start(self) -> dict:
         """Start the server and block until ready; returns the /health body."""
-        cmd = [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "retriever_server.app:app",
-            "--host",
-            self.host,
-            "--port",
-            str(self.port),
-        ]
+        cmd = [sys.executable, "-m", "retriever_server", "--host", self.host, "--port", str(self.port)]
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop())

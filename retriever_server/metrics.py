@@ -34,3 +34,12 @@ class ServiceMetrics:
         self.cache_misses = Counter("retriever_cache_misses", "Queries sent to the index", registry=r)
         self.documents = Gauge("retriever_index_documents", "Documents in the loaded index", registry=r)
         self.ready = Gauge("retriever_ready", "1 once the index is loaded", registry=r)
+        self.shed = Counter(
+            "retriever_shed_requests", "Requests refused with 503 because the estimated wait was too long", registry=r
+        )
+        self.search_failures = Counter(
+            "retriever_search_failures", "Requests whose own queries made the search backend fail", registry=r
+        )
+        self.estimated_wait = Gauge(
+            "retriever_estimated_wait_seconds", "Estimated queue wait of the latest request at its arrival", registry=r
+        )

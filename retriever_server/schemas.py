@@ -2,27 +2,48 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+# A query must contain a character this pattern matches. Python's \s and JSON Schema's (ECMA-262) differ on exactly
+# \x1c-\x1f, \x85 and \ufeff; naming them makes the pattern mean the same to the server and to any client that
+# validates against the OpenAPI document.
+HAS_TEXT = r"[^\s\x1c-\x1f\x85\ufeff]"
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _check_query(q: str) -> str:
+    """Reject text no backend can take: lone UTF-16 surrogates (a JSON ``"\\ud800"`` escape without its pair, which
+    the dense tokenizer raises on) and queries without a visible character."""
+    if bad := _SURROGATE.search(q):
+        raise ValueError(
+            f"character {bad.start()} is a lone UTF-16 surrogate (\\u{ord(bad.group()):04x}), which is not valid "
+            "Unicode; send UTF-8 text, or pair each \\ud800-\\udbff escape with a \\udc00-\\udfff one"
+        )
+    if not re.search(HAS_TEXT, q):
+        raise ValueError("query is empty or only whitespace; every query needs text")
+    return q
+
+
+Query = Annotated[
+    StrictStr, Field(json_schema_extra={"minLength": 1, "pattern": HAS_TEXT}), AfterValidator(_check_query)
+]
 
 
 class RetrieveRequest(BaseModel):
-    """``{"queries": [str], "topk": int?, "return_scores": bool}``; unknown fields are rejected by name."""
+    """``{"queries": [str], "topk": int?, "return_scores": bool}``; unknown fields are rejected by name.
+
+    The configured limits (queries per request, characters per query, largest top-k) are checked by the route and
+    written into the OpenAPI document by ``openapi.document_limits``.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
-    queries: list[StrictStr]
+    queries: list[Query]
     topk: StrictInt | None = Field(default=None, ge=1)
     return_scores: StrictBool = False
-
-    @field_validator("queries")
-    @classmethod
-    def _no_blank_queries(cls, queries: list[str]) -> list[str]:
-        for i, q in enumerate(queries):
-            if not q.strip():
-                raise ValueError(f"queries[{i}] is empty or whitespace; every query needs text")
-        return queries
 
 
 class Document(BaseModel):
@@ -41,6 +62,12 @@ class RetrieveResponse(BaseModel):
     """One list per query, best first: scored documents if ``return_scores`` else bare documents."""
 
     result: list[list[ScoredDocument]] | list[list[Document]]
+
+
+class ErrorMessage(BaseModel):
+    """Every error answer but 422 (whose ``detail`` is FastAPI's list of field errors)."""
+
+    detail: str
 
 
 class Health(BaseModel):

@@ -11,9 +11,10 @@ import os
 from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_CORPUS = REPO_ROOT / "data" / "corpus" / "wiki_mini.jsonl.gz"
@@ -92,6 +93,29 @@ class Settings(BaseSettings):
     """Threads for the encoder and FAISS; ``None`` = all cores."""
     show_progress: bool = True
     """Show progress bars while building an index."""
+    batch_max_chars: int = Field(default=16_384, ge=1)
+    """Most query characters in one batch (a batch holds at least one query): bounds how long one batch runs, and
+    so how long a small request waits behind a large one."""
+    max_queue_wait_s: float = Field(default=15.0, gt=0)
+    """A request whose estimated wait for the search worker is above this is refused at once with 503 and
+    ``Retry-After``, instead of queueing past the client's timeout (the trainer's is 30 s)."""
+    host: str = "127.0.0.1"
+    """Address ``python -m retriever_server`` binds to; also accepted as a ``Host`` header."""
+    port: int = Field(default=8000, ge=0, le=65535)
+    """Port ``python -m retriever_server`` listens on."""
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Extra names or IPs accepted in the ``Host`` header, comma-separated (``*`` = any). Loopback names, the
+    bind host and the address a request arrived on are always accepted; others get 400, so a web page in the
+    user's browser cannot reach the retriever through DNS rebinding."""
+    request_timeout_s: float = Field(default=30.0, gt=0)
+    """A request's headers and body must arrive within this many seconds, else the connection is closed (408)."""
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [h.strip().lower() for h in value.split(",") if h.strip()]
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> Settings:

@@ -29,7 +29,8 @@ def build_bm25(contents: list[str], k1: float, b: float, progress: bool = False)
 
 
 class BM25Retriever:
-    """BM25 over the corpus; queries whose terms are all unknown get score 0 documents."""
+    """BM25 over the corpus. Only documents sharing a term with the query are returned: a query with no known term
+    (or only stopwords) gets no documents rather than arbitrary ones with score 0."""
 
     name = "bm25"
 
@@ -55,4 +56,7 @@ class BM25Retriever:
             pad = topk - k
             positions = np.pad(positions, ((0, 0), (0, pad)), constant_values=-1)
             scores = np.pad(scores, ((0, 0), (0, pad)), constant_values=-np.inf)
+        # bm25s fills the top-k with score-0 documents when fewer match; BM25 (Lucene idf) is > 0 for any match.
+        no_match = scores <= 0
+        positions[no_match], scores[no_match] = -1, -np.inf
         return scores, positions

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import pytest
@@ -54,12 +55,23 @@ def test_empty_query_list_gives_empty_result(retriever_url: str) -> None:
     assert post(retriever_url, {"queries": []}).json() == {"result": []}
 
 
-def test_form_encoded_body_is_read_as_json(retriever_url: str) -> None:
-    """``curl -d '{...}'`` sends application/x-www-form-urlencoded; the body is still JSON."""
+@pytest.mark.parametrize(
+    "content_type", ["application/x-www-form-urlencoded", "text/plain", "multipart/form-data", None]
+)
+def test_body_not_declared_json_is_415(retriever_url: str, content_type: str | None) -> None:
+    """Browsers post these types to any site without a CORS preflight; a page must not reach the retriever."""
+    headers = {"content-type": content_type} if content_type else {}
+    r = httpx.post(f"{retriever_url}/retrieve", content=b'{"queries": ["paris"], "topk": 1}', headers=headers)
+    assert r.status_code == 415, r.text
+    assert "Content-Type: application/json" in r.json()["detail"]
+
+
+@pytest.mark.parametrize("content_type", ["application/json; charset=utf-8", "application/vnd.search+json"])
+def test_json_content_types_are_accepted(retriever_url: str, content_type: str) -> None:
     r = httpx.post(
         f"{retriever_url}/retrieve",
         content=b'{"queries": ["paris"], "topk": 1}',
-        headers={"content-type": "application/x-www-form-urlencoded"},
+        headers={"content-type": content_type},
     )
     assert r.status_code == 200 and len(r.json()["result"][0]) == 1
 
@@ -69,8 +81,9 @@ def test_form_encoded_body_is_read_as_json(retriever_url: str) -> None:
     [
         ({"queries": "just a string"}, ["body", "queries"]),
         ({"queries": ["ok", 3]}, ["body", "queries", 1]),
-        ({"queries": ["ok", ""]}, ["body", "queries"]),
-        ({"queries": ["   "]}, ["body", "queries"]),
+        ({"queries": ["ok", ""]}, ["body", "queries", 1]),
+        ({"queries": ["   "]}, ["body", "queries", 0]),
+        ({"queries": ["\x1c\ufeff"]}, ["body", "queries", 0]),
         ({"queries": ["ok"], "topk": 0}, ["body", "topk"]),
         ({"queries": ["ok"], "topk": -2}, ["body", "topk"]),
         ({"queries": ["ok"], "topk": 101}, ["body", "topk"]),
@@ -99,7 +112,8 @@ def test_oversized_body_is_413_and_server_keeps_serving(retriever_url: str) -> N
     big = {"queries": ["word " * 400] * 2200}  # ~4.4 MB, over the default 4 MiB limit
     r = post(retriever_url, big)
     assert r.status_code == 413 and "RETRIEVER_MAX_BODY_BYTES" in r.json()["detail"]
-    chunked = httpx.post(f"{retriever_url}/retrieve", content=iter([b'{"queries": ["', b"a" * 5_000_000, b'"]}']))
+    stream = iter([b'{"queries": ["', b"a" * 5_000_000, b'"]}'])  # no content-length: cut off while streaming
+    chunked = httpx.post(f"{retriever_url}/retrieve", content=stream, headers={"content-type": "application/json"})
     assert chunked.status_code == 413
     assert post(retriever_url, {"queries": [NOBEL]}).status_code == 200
 
@@ -145,3 +159,82 @@ def test_200_concurrent_requests_equal_sequential_answers(retriever_url: str) ->
     concurrent = asyncio.run(fire())
     assert all(r.status_code == 200 for r in concurrent)
     assert [r.json() for r in concurrent] == sequential
+
+
+@pytest.mark.parametrize(
+    ("raw", "loc"),
+    [
+        (b'{"queries": ["a b"], "topk": NaN}', ["body", "topk"]),
+        (b'{"queries": ["a b"], "topk": 1e400}', ["body", "topk"]),
+        (b'{"queries": ["a b"], "topk": -Infinity}', ["body", "topk"]),
+        (b'{"queries": NaN}', ["body", "queries"]),
+        (b'{"queries": ["a", Infinity]}', ["body", "queries", 1]),
+    ],
+)
+def test_non_finite_numbers_are_422_not_500(retriever_url: str, raw: bytes, loc: list[object]) -> None:
+    """Python's JSON parser reads NaN/Infinity/1e400; the 422 that echoes them must still be valid JSON."""
+    r = httpx.post(f"{retriever_url}/retrieve", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert any(err["loc"] == loc for err in r.json()["detail"]), r.json()
+
+
+def test_lone_surrogate_is_422_naming_the_query(retriever_url: str) -> None:
+    """``"\\ud800"`` unpaired is valid JSON but not Unicode; the dense tokenizer raises on it."""
+    raw = b'{"queries": ["paris", "nobel \\ud800 prize"]}'
+    r = httpx.post(f"{retriever_url}/retrieve", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    err = r.json()["detail"][0]
+    assert err["loc"] == ["body", "queries", 1] and "surrogate" in err["msg"] and "\\ud800" in err["input"]
+    assert post(retriever_url, {"queries": ["nobel \U0001f3c6 prize"]}).status_code == 200  # a paired one is fine
+
+
+def test_bm25_returns_only_matching_documents(retriever_url: str) -> None:
+    body = {"queries": ["zzqxv vwqqz", "the of and", "Röntgen"], "topk": 100, "return_scores": True}
+    none, stopwords, rare = post(retriever_url, body).json()["result"]
+    assert none == [] and stopwords == []
+    assert 0 < len(rare) < 100 and all(h["score"] > 0 for h in rare)
+    assert all("Röntgen" in h["document"]["contents"] or "Rontgen" in h["document"]["contents"] for h in rare[:3])
+
+
+@pytest.mark.parametrize("host", ["evil.example", "attacker.test:8000", "192.0.2.7"])
+def test_foreign_host_header_is_400(retriever_url: str, host: str) -> None:
+    """DNS rebinding: a page of evil.example whose name now resolves to 127.0.0.1 sends Host: evil.example."""
+    for path in ("/retrieve", "/health"):
+        r = httpx.request(
+            "POST" if path == "/retrieve" else "GET",
+            f"{retriever_url}{path}",
+            json={"queries": ["paris"]} if path == "/retrieve" else None,
+            headers={"host": host},
+        )
+        assert r.status_code == 400 and "RETRIEVER_ALLOWED_HOSTS" in r.json()["detail"], r.text
+
+
+@pytest.mark.parametrize("host", ["localhost", "127.0.0.1", "LOCALHOST:1234", "[::1]:8000"])
+def test_loopback_host_headers_are_accepted(retriever_url: str, host: str) -> None:
+    r = httpx.post(f"{retriever_url}/retrieve", json={"queries": ["paris"]}, headers={"host": host})
+    assert r.status_code == 200, r.text
+
+
+def test_request_from_another_sites_page_is_403(retriever_url: str) -> None:
+    evil = httpx.post(f"{retriever_url}/retrieve", json={"queries": ["x"]}, headers={"origin": "https://evil.example"})
+    assert evil.status_code == 403 and "evil.example" in evil.json()["detail"]
+    own_docs_page = httpx.post(f"{retriever_url}/retrieve", json={"queries": ["x"]}, headers={"origin": retriever_url})
+    assert own_docs_page.status_code == 200  # the server's own /docs page may call it
+
+
+def test_health_shows_no_absolute_paths(retriever_url: str) -> None:
+    body = httpx.get(f"{retriever_url}/health").json()
+    assert body["index_path"].startswith("bm25-") and "/" not in body["index_path"]
+    assert "/" not in json.dumps(body)
+
+
+def test_openapi_document_states_the_limits_and_statuses(retriever_url: str) -> None:
+    doc = httpx.get(f"{retriever_url}/openapi.json").json()
+    props = doc["components"]["schemas"]["RetrieveRequest"]["properties"]
+    assert props["queries"]["maxItems"] == 1024 and props["queries"]["items"]["maxLength"] == 2048
+    assert props["queries"]["items"]["minLength"] == 1 and "pattern" in props["queries"]["items"]
+    assert any(o.get("maximum") == 100 for o in props["topk"]["anyOf"])
+    responses = doc["paths"]["/retrieve"]["post"]["responses"]
+    assert {"200", "400", "413", "415", "422", "503"} <= set(responses)
+    assert "Retry-After" in responses["503"]["headers"]
+    assert set(doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
