@@ -127,6 +127,8 @@ class QueryBatcher:
         self._task: asyncio.Task[None] | None = None
         self._inflight_s = 0.0  # predicted seconds of the batch being searched, and when it started
         self._inflight_t0 = 0.0
+        self._refused_s = 0.0  # predicted work of recently refused requests, not yet drained (see _refuse)
+        self._refused_t = 0.0
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="query-batcher")
@@ -159,8 +161,7 @@ class QueryBatcher:
         wait_s = self._wait_s(request, list(self._ring)) + self._inflight_left_s()
         self.metrics.estimated_wait.set(wait_s)
         if wait_s > self.max_queue_wait_s:
-            self.metrics.shed.inc()
-            raise Overloaded(wait_s, self.max_queue_wait_s)
+            raise self._refuse(request, wait_s)
         self._ring.append(request)
         self._has_work.set()
         return await request.future  # cancelling the caller cancels the future: the batcher then drops the request
@@ -187,6 +188,17 @@ class QueryBatcher:
             wait += sum(self._turns_s(j, turns - 1) for j in behind if not j.future.done())
         return wait
 
+    def _refuse(self, r: _Request, wait_s: float) -> Overloaded:
+        """The error for a refused request. Its ``Retry-After`` counts the requests refused before it as if they were
+        still in line, so that refused clients that come back as told come back one after another, not all at once."""
+        now = time.perf_counter()
+        self._refused_s = max(0.0, self._refused_s - (now - self._refused_t))  # the line moves on in real time
+        self._refused_t = now
+        error = Overloaded(wait_s + self._refused_s, self.max_queue_wait_s)
+        self._refused_s += self._turns_s(r, math.ceil(r.queries_left / self._turn_size(r)))
+        self.metrics.shed.inc()
+        return error
+
     def _inflight_left_s(self) -> float:
         return max(0.0, self._inflight_s - (time.perf_counter() - self._inflight_t0)) if self._inflight_s else 0.0
 
@@ -201,8 +213,7 @@ class QueryBatcher:
                 single = r.queries_left <= self._turn_size(r)
                 wait = ahead_s if single else self._wait_s(r, ring[:i], ring[i + 1 :])
                 if wait > self.max_queue_wait_s:
-                    self.metrics.shed.inc()
-                    r.future.set_exception(Overloaded(wait, self.max_queue_wait_s))
+                    r.future.set_exception(self._refuse(r, wait))
                     continue
             ahead_s += self._turns_s(r, 1)
         self._ring = deque(r for r in self._ring if not r.future.done())

@@ -96,7 +96,7 @@ class Settings(BaseSettings):
     batch_max_chars: int = Field(default=16_384, ge=1)
     """Most query characters in one batch (a batch holds at least one query): bounds how long one batch runs, and
     so how long a small request waits behind a large one."""
-    max_queue_wait_s: float = Field(default=15.0, gt=0)
+    max_queue_wait_s: float = Field(default=20.0, gt=0)
     """A request whose estimated wait for the search worker is above this is refused at once with 503 and
     ``Retry-After``, instead of queueing past the client's timeout (the trainer's is 30 s)."""
     host: str = "127.0.0.1"
