@@ -102,10 +102,14 @@ def prepare(cfg: PPOConfig, config_dict: dict[str, Any] | None = None) -> Prepar
     return Prepared(tokenizer, loader, val_batch, tracker)
 
 
-def resolve_device(requested: str) -> str:
-    """``auto`` → ``cuda`` when the Ray cluster has GPUs, else ``cpu``."""
+def resolve_device(requested: str, use_ray: bool = True) -> str:
+    """``auto`` → ``cuda`` when the Ray cluster (or, without Ray, this process) sees a GPU, else ``cpu``."""
     if requested != "auto":
         return requested
+    if not use_ray:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
     import ray
 
     return "cuda" if ray.cluster_resources().get("GPU", 0) >= 1 else "cpu"
@@ -193,6 +197,9 @@ def build_trainer(cfg: PPOConfig, prepared: Prepared, actor: Workers, critic: Wo
 def train(cfg: PPOConfig, prepared: Prepared) -> list[tuple[int, dict[str, float]]]:
     """Start Ray (unless already running), the workers and the loop; return the metric history."""
     try:
+        if not cfg.trainer.use_ray:
+            actor, critic = build_workers(cfg, resolve_device(cfg.trainer.device, use_ray=False), local=True)
+            return build_trainer(cfg, prepared, actor, critic).fit()
         with ray_session(cfg.trainer.ray_address) as groups:
             actor, critic = build_workers(cfg, resolve_device(cfg.trainer.device))
             groups += [actor, critic]

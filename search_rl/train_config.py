@@ -47,7 +47,9 @@ class ModelConfig:
     """``smollm2-135m-instruct`` (the packaged GGUF), ``tiny`` (a random 2-layer Llama built on the fly), a ``.gguf``
     file, or a local HF model directory such as a checkpoint's ``actor/`` folder. Nothing is downloaded."""
     dtype: str = "float32"
-    """Parameter dtype of the trained models: ``float32`` (CPU), ``bfloat16`` or ``float16`` (GPU)."""
+    """Compute dtype: forward/backward of the trained models, the reference and the rollout engine's weights.
+    Trained weights and optimizer state stay fp32 whatever it is. ``float32`` (CPU: bf16 is slower there) or
+    ``bfloat16`` (GPU); ``float16`` only for evaluation (training refuses it: no loss scaling)."""
     seed: int = 0
     """Initialisation seed of the ``tiny`` model."""
     gradient_checkpointing: bool = False
@@ -56,6 +58,19 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ConfigError(f"model.dtype must be one of {DTYPES}, got {self.dtype!r}")
+
+
+def check_trainable_dtype(model: ModelConfig) -> None:
+    """Training computes in ``float32`` or ``bfloat16``.
+
+    Raises:
+        ConfigError: for ``float16``, whose small gradients underflow without loss scaling (not implemented).
+    """
+    if model.dtype == "float16":
+        raise ConfigError(
+            "model.dtype=float16 cannot train: fp16 gradients underflow without loss scaling, which search-rl does "
+            "not do; use model.dtype=bfloat16 on GPUs (float32 on CPU)"
+        )
 
 
 @dataclass
@@ -307,6 +322,9 @@ class TrainerConfig:
     (``n_workers``, twice that with a critic)."""
     ray_address: str | None = None
     """``null`` starts a local Ray; ``auto`` joins the cluster of ``ray start``; or ``ray://host:port``."""
+    use_ray: bool = True
+    """``false`` runs the actor (and critic) as one worker each inside the driver process, without Ray (needs
+    ``n_workers=1``): a single-GPU box without Ray, a debugger. Same workers, same FSDP2 path."""
     seed: int = 0
     """Seed of data order, sampling and initialisation (resumed runs reproduce the same steps)."""
     worker_timeout_s: float = 3600.0
@@ -319,6 +337,10 @@ class TrainerConfig:
             raise ConfigError(f"trainer.n_workers must be >= 1, got {self.n_workers}")
         if self.device not in DEVICES:
             raise ConfigError(f"trainer.device must be one of {DEVICES}, got {self.device!r}")
+        if not self.use_ray and self.n_workers != 1:
+            raise ConfigError(
+                f"trainer.use_ray=false runs one worker per group; got trainer.n_workers={self.n_workers}"
+            )
         unknown = [x for x in self.logger if x not in LOGGERS]
         if unknown:
             raise ConfigError(f"trainer.logger has unknown sinks {unknown}; choose from {LOGGERS}")
@@ -356,6 +378,7 @@ class PPOConfig:
     """The loop, checkpoints, workers and logging."""
 
     def __post_init__(self) -> None:
+        check_trainable_dtype(self.model)
         rollout, needs = self.actor_rollout_ref.rollout, estimator_needs(self.algorithm.adv_estimator)
         if rollout.n is None:
             rollout.n = DEFAULT_GROUP_SIZE if needs.groups else 1

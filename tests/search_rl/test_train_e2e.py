@@ -26,7 +26,7 @@ from search_rl.main_ppo import build_trainer, build_workers, prepare, run
 from search_rl.models import build_tiny_model, load_model
 from search_rl.reward import REWARDS
 from search_rl.reward.registry import qa_components
-from search_rl.train_config import load_config
+from search_rl.train_config import ConfigError, load_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.integration]
 
@@ -191,3 +191,25 @@ def test_killed_run_resumes_and_reproduces_the_next_step(ppo_run, retriever_url,
     }
     assert not mismatched
     assert sorted(_metrics(tmp_path)) == [1, 2, 3]
+
+
+def test_without_ray_the_driver_trains_in_process(retriever_url, tmp_path):
+    # trainer.use_ray=false: one worker per group inside this process, the same FSDP2 path (single-GPU boxes)
+    overrides = [o for o in _overrides(tmp_path, retriever_url) if not o.startswith("trainer.n_workers")]
+    cfg = load_config(
+        [
+            *overrides,
+            "trainer.use_ray=false",
+            "algorithm=grpo",
+            "trainer.total_training_steps=1",
+            "trainer.save_freq=1",
+            "trainer.test_freq=0",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        ]
+    )
+    history = dict(run(cfg))
+    assert sorted(history) == [1] and history[1]["perf/actor_update_tokens"] > 0
+    assert (tmp_path / "global_step_1" / "actor" / "model.safetensors").is_file()
+    with pytest.raises(ConfigError, match="use_ray=false"):
+        load_config([*overrides, "trainer.use_ray=false", "trainer.n_workers=2"])
