@@ -48,10 +48,10 @@ def start_hint(url: str) -> str:
     )
 
 
-def describe_failure(error: httpx.TransportError, timeout_s: float) -> str:
-    """One line for a transport error (httpx's timeouts carry no text of their own)."""
+def describe_failure(error: httpx.TransportError, timeout_s: float, setting: str = "retriever.timeout_s") -> str:
+    """One line for a transport error (httpx's timeouts carry no text of their own); ``setting`` names the timeout."""
     if isinstance(error, httpx.TimeoutException):
-        return f"{type(error).__name__}: no answer within {timeout_s:g} s (retriever.timeout_s); hung or overloaded?"
+        return f"{type(error).__name__}: no answer within {timeout_s:g} s ({setting}); hung or overloaded?"
     return f"{type(error).__name__}: {str(error) or 'no detail'}"
 
 
@@ -216,7 +216,8 @@ class RetrieverClient:
                     resp = client.post(f"{url}/retrieve", json=payload)
                 except httpx.TransportError as e:
                     raise RetrieverError(
-                        f"retriever at {url} is not reachable ({describe_failure(e, timeout_s)}). {start_hint(url)}",
+                        f"retriever at {url} is not reachable ({describe_failure(e, timeout_s, 'start-up check')}). "
+                        f"{start_hint(url)}",
                         url,
                     ) from e
                 if resp.status_code != 200:
