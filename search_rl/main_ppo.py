@@ -15,46 +15,27 @@ exits with code 2 and one clear message. Only then ``train`` starts Ray (``ray_s
 from __future__ import annotations
 
 import logging
-import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
-from transformers import AutoConfig, PreTrainedTokenizerBase
+from omegaconf import DictConfig
+from transformers import PreTrainedTokenizerBase
 
-from search_rl.agent.retriever_client import RetrieverClient, RetrieverError
+from search_rl.agent.retriever_client import RetrieverClient
 from search_rl.checkpoint import CheckpointManager
 from search_rl.data import PromptDataset, PromptLoader, read_rows
-from search_rl.models import SMOLLM2, load_tokenizer
-from search_rl.models.loading import gguf_model_dir, local_model_dir, smollm2_gguf_path
-from search_rl.models.tiny import tiny_llama_config
+from search_rl.launch import History, build_run_tracker, fit_with_workers, make_group, run_main, worker_specs
+from search_rl.models import load_tokenizer, model_context_length
 from search_rl.protocol import PromptBatch
-from search_rl.ray_session import ray_session
-from search_rl.tracking import RolloutDumper, Tracker, build_tracker
-from search_rl.train_config import CONFIG_DIR, ConfigError, PPOConfig, register_configs, to_config
+from search_rl.tracking import RolloutDumper, Tracker
+from search_rl.train_config import CONFIG_DIR, PPOConfig, register_configs
 from search_rl.trainer import PPOTrainer, StepSettings, Workers
-from search_rl.workers import LocalWorkerGroup, WorkerGroup, WorkerSpec
 from search_rl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from search_rl.workers.critic import CriticWorker
 
 logger = logging.getLogger("search_rl.main_ppo")
-
-PREPARE_ERRORS = (ConfigError, ValueError, RetrieverError, FileNotFoundError, ImportError)
-"""What ``prepare`` may raise about the user's setup; reported as one line and exit code 2."""
-
-
-def model_context_length(source: str, tokenizer: PreTrainedTokenizerBase) -> int:
-    """The model's ``max_position_embeddings`` without loading its weights (GGUF sources are converted once)."""
-    if source == "tiny":
-        return int(tiny_llama_config(tokenizer).max_position_embeddings)
-    if source == SMOLLM2 or source.endswith(".gguf"):
-        directory = gguf_model_dir(smollm2_gguf_path() if source == SMOLLM2 else Path(source).expanduser())
-    else:
-        directory = local_model_dir(source)
-    return int(AutoConfig.from_pretrained(directory, local_files_only=True).max_position_embeddings)
 
 
 @dataclass
@@ -90,29 +71,7 @@ def prepare(cfg: PPOConfig, config_dict: dict[str, Any] | None = None) -> Prepar
             read_rows(cfg.data.val_files), tokenizer, rollout.max_prompt_tokens, cfg.data.filter_overlong_prompts
         )
         val_batch = val.batch(val.subset_indices(cfg.data.val_max_samples, cfg.trainer.seed))
-    t = cfg.trainer
-    tracker = build_tracker(
-        t.logger,
-        Path(t.default_local_dir),
-        t.total_training_steps,
-        t.project_name,
-        t.experiment_name,
-        config_dict or {},
-    )
-    return Prepared(tokenizer, loader, val_batch, tracker)
-
-
-def resolve_device(requested: str, use_ray: bool = True) -> str:
-    """``auto`` → ``cuda`` when the Ray cluster (or, without Ray, this process) sees a GPU, else ``cpu``."""
-    if requested != "auto":
-        return requested
-    if not use_ray:
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    import ray
-
-    return "cuda" if ray.cluster_resources().get("GPU", 0) >= 1 else "cpu"
+    return Prepared(tokenizer, loader, val_batch, build_run_tracker(cfg.trainer, config_dict))
 
 
 def build_workers(cfg: PPOConfig, device: str, local: bool = False) -> tuple[Workers, Workers | None]:
@@ -121,13 +80,7 @@ def build_workers(cfg: PPOConfig, device: str, local: bool = False) -> tuple[Wor
     ``local=True`` builds one in-process worker each (no Ray; ``trainer.n_workers`` must be 1).
     """
     t = cfg.trainer
-    # Every worker process gets its share of the cores: oversubscribed OpenMP threads spin and can slow torch 50x.
-    n_groups = 2 if cfg.use_critic else 1
-    threads = t.torch_threads_per_worker or max(1, (os.cpu_count() or 1) // (t.n_workers * n_groups))
-    specs = [
-        WorkerSpec(rank=r, world_size=t.n_workers, device=device, torch_threads=threads, seed=t.seed)
-        for r in range(t.n_workers)
-    ]
+    specs = worker_specs(t, device, n_groups=2 if cfg.use_critic else 1)
     arr = cfg.actor_rollout_ref
     actor_kwargs = dict(
         model=cfg.model,
@@ -138,30 +91,9 @@ def build_workers(cfg: PPOConfig, device: str, local: bool = False) -> tuple[Wor
         retriever=cfg.retriever,
     )
     critic_kwargs = dict(model=cfg.model, critic=cfg.critic, algorithm=cfg.algorithm, n_samples=cfg.n_samples)
-    groups: list[Any] = []
-    if local:
-        groups.append(LocalWorkerGroup(ActorRolloutRefWorker, specs[0], **actor_kwargs))
-        if cfg.use_critic:
-            groups.append(LocalWorkerGroup(CriticWorker, specs[0], **critic_kwargs))
-    else:
-        gpus = 1.0 if device == "cuda" else 0.0
-        for cls, name, kwargs in (
-            (ActorRolloutRefWorker, "actor", actor_kwargs),
-            (CriticWorker, "critic", critic_kwargs),
-        ):
-            if cls is CriticWorker and not cfg.use_critic:
-                continue
-            groups.append(
-                WorkerGroup(
-                    cls,
-                    specs,
-                    name=name,
-                    num_cpus=t.cpus_per_worker,
-                    num_gpus=gpus,
-                    timeout_s=t.worker_timeout_s,
-                    **kwargs,
-                )
-            )
+    groups = [make_group(ActorRolloutRefWorker, "actor", specs, t, local, **actor_kwargs)]
+    if cfg.use_critic:
+        groups.append(make_group(CriticWorker, "critic", specs, t, local, **critic_kwargs))
     for group in groups:  # constructors of both groups have been running concurrently; now rendezvous
         group.start()
     return groups[0], (groups[1] if cfg.use_critic else None)
@@ -194,35 +126,26 @@ def build_trainer(cfg: PPOConfig, prepared: Prepared, actor: Workers, critic: Wo
     )
 
 
-def train(cfg: PPOConfig, prepared: Prepared) -> list[tuple[int, dict[str, float]]]:
-    """Start Ray (unless already running), the workers and the loop; return the metric history."""
-    try:
-        if not cfg.trainer.use_ray:
-            actor, critic = build_workers(cfg, resolve_device(cfg.trainer.device, use_ray=False), local=True)
-            return build_trainer(cfg, prepared, actor, critic).fit()
-        with ray_session(cfg.trainer.ray_address) as groups:
-            actor, critic = build_workers(cfg, resolve_device(cfg.trainer.device))
-            groups += [actor, critic]
-            return build_trainer(cfg, prepared, actor, critic).fit()
-    finally:
-        prepared.tracker.close()
+def train(cfg: PPOConfig, prepared: Prepared) -> History:
+    """Start Ray (unless already running, or ``trainer.use_ray=false``), the workers and the loop; return the metric
+    history (``launch.fit_with_workers``)."""
+
+    def build(device: str, local: bool, groups: list[Any]) -> PPOTrainer:
+        actor, critic = build_workers(cfg, device, local=local)
+        groups += [actor, critic]
+        return build_trainer(cfg, prepared, actor, critic)
+
+    return fit_with_workers(cfg.trainer, prepared.tracker, build)
 
 
-def run(cfg: PPOConfig, config_dict: dict[str, Any] | None = None) -> list[tuple[int, dict[str, float]]]:
+def run(cfg: PPOConfig, config_dict: dict[str, Any] | None = None) -> History:
     """``prepare`` then ``train`` (the programmatic entry: tests, benchmarks, demos)."""
     return train(cfg, prepare(cfg, config_dict))
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="ppo_trainer", version_base=None)
 def main(composed: DictConfig) -> None:
-    try:
-        cfg = to_config(composed)
-        prepared = prepare(cfg, OmegaConf.to_container(composed, resolve=True))  # type: ignore[arg-type]
-    except PREPARE_ERRORS as e:
-        logger.error("cannot start training: %s", e)
-        sys.exit(2)
-    history = train(cfg, prepared)
-    logger.info("done: %d steps logged; checkpoints and metrics in %s", len(history), cfg.trainer.default_local_dir)
+    run_main(composed, prepare, train, "training", logger)
 
 
 register_configs()

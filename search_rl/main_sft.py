@@ -15,31 +15,28 @@ with code 2 and one message — then Ray, the actor workers and ``SFTTrainer``. 
 from __future__ import annotations
 
 import logging
-import os
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from transformers import PreTrainedTokenizerBase
 
 from search_rl.agent.retriever_client import RetrieverClient
 from search_rl.algorithms import AlgorithmConfig
 from search_rl.checkpoint import CheckpointManager
 from search_rl.data import PromptDataset, PromptLoader, read_rows
-from search_rl.main_ppo import PREPARE_ERRORS, model_context_length, ray_session, resolve_device
-from search_rl.models import load_tokenizer
+from search_rl.launch import History, build_run_tracker, fit_with_workers, make_group, run_main, worker_specs
+from search_rl.models import load_tokenizer, model_context_length
 from search_rl.protocol import PromptBatch
 from search_rl.sft.config import SFTConfig, register_sft_config
 from search_rl.sft.data import SFTDataset
 from search_rl.sft.trainer import SFTTrainer
-from search_rl.tracking import RolloutDumper, Tracker, build_tracker
+from search_rl.tracking import RolloutDumper, Tracker
 from search_rl.train_config import CONFIG_DIR, to_config
 from search_rl.trainer import StepSettings, Workers
-from search_rl.workers import LocalWorkerGroup, WorkerGroup, WorkerSpec
 from search_rl.workers.actor_rollout_ref import ActorRolloutRefWorker
 
 logger = logging.getLogger("search_rl.main_sft")
@@ -92,26 +89,11 @@ def prepare(cfg: SFTConfig, config_dict: dict[str, Any] | None = None) -> Prepar
     if validating:
         val = PromptDataset(read_rows(cfg.data.val_files), tokenizer, rollout.max_prompt_tokens, True)
         val_batch = val.batch(val.subset_indices(cfg.data.val_max_samples, cfg.trainer.seed))
-    t = cfg.trainer
-    tracker = build_tracker(
-        t.logger,
-        Path(t.default_local_dir),
-        t.total_training_steps,
-        t.project_name,
-        t.experiment_name,
-        config_dict or {},
-    )
-    return PreparedSFT(tokenizer, dataset, loader, val_batch, tracker)
+    return PreparedSFT(tokenizer, dataset, loader, val_batch, build_run_tracker(cfg.trainer, config_dict))
 
 
 def build_actor(cfg: SFTConfig, device: str, local: bool = False) -> Workers:
     """The actor group (``trainer.n_workers`` data-parallel workers; ``local=True``: one, in this process)."""
-    t = cfg.trainer
-    threads = t.torch_threads_per_worker or max(1, (os.cpu_count() or 1) // t.n_workers)
-    specs = [
-        WorkerSpec(rank=r, world_size=t.n_workers, device=device, torch_threads=threads, seed=t.seed)
-        for r in range(t.n_workers)
-    ]
     kwargs = dict(
         model=cfg.model,
         actor=cfg.actor_config(),
@@ -120,20 +102,7 @@ def build_actor(cfg: SFTConfig, device: str, local: bool = False) -> Workers:
         algorithm=AlgorithmConfig(use_kl_loss=False, mask_observations=cfg.mask_observations),
         retriever=cfg.retriever,
     )
-    group: Any
-    if local:
-        group = LocalWorkerGroup(ActorRolloutRefWorker, specs[0], **kwargs)
-    else:
-        gpus = 1.0 if device == "cuda" else 0.0
-        group = WorkerGroup(
-            ActorRolloutRefWorker,
-            specs,
-            name="actor",
-            num_cpus=t.cpus_per_worker,
-            num_gpus=gpus,
-            timeout_s=t.worker_timeout_s,
-            **kwargs,
-        )
+    group = make_group(ActorRolloutRefWorker, "actor", worker_specs(cfg.trainer, device), cfg.trainer, local, **kwargs)
     group.start()
     return group
 
@@ -162,27 +131,21 @@ def build_trainer(cfg: SFTConfig, prepared: PreparedSFT, actor: Workers) -> SFTT
     )
 
 
-def train(cfg: SFTConfig, prepared: PreparedSFT) -> list[tuple[int, dict[str, float]]]:
-    """Start Ray (unless already running), the actor workers and the loop; return the metric history."""
-    try:
-        with ray_session(cfg.trainer.ray_address) as groups:
-            actor = build_actor(cfg, resolve_device(cfg.trainer.device))
-            groups.append(actor)
-            return build_trainer(cfg, prepared, actor).fit()
-    finally:
-        prepared.tracker.close()
+def train(cfg: SFTConfig, prepared: PreparedSFT) -> History:
+    """Start Ray (unless already running, or ``trainer.use_ray=false``), the actor workers and the loop; return the
+    metric history (``launch.fit_with_workers``)."""
+
+    def build(device: str, local: bool, groups: list[Any]) -> SFTTrainer:
+        actor = build_actor(cfg, device, local=local)
+        groups.append(actor)
+        return build_trainer(cfg, prepared, actor)
+
+    return fit_with_workers(cfg.trainer, prepared.tracker, build)
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="sft_trainer", version_base=None)
 def main(composed: DictConfig) -> None:
-    try:
-        cfg = to_config(composed)
-        prepared = prepare(cfg, OmegaConf.to_container(composed, resolve=True))  # type: ignore[arg-type]
-    except PREPARE_ERRORS as e:
-        logger.error("cannot start the warm start: %s", e)
-        sys.exit(2)
-    history = train(cfg, prepared)
-    logger.info("done: %d steps logged; checkpoints and metrics in %s", len(history), cfg.trainer.default_local_dir)
+    run_main(composed, prepare, train, "the warm start", logger)
 
 
 register_sft_config()

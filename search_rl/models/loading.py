@@ -28,7 +28,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-from search_rl.models.tiny import build_tiny_model
+from search_rl.models.tiny import build_tiny_model, tiny_llama_config
 
 logger = logging.getLogger(__name__)
 
@@ -175,6 +175,17 @@ def local_model_dir(source: str) -> Path:
         FileNotFoundError: not a model folder.
     """
     return _local_dir(source)
+
+
+def model_context_length(source: str, tokenizer: PreTrainedTokenizerBase) -> int:
+    """The model's ``max_position_embeddings`` without loading its weights (GGUF sources are converted once)."""
+    if source == "tiny":
+        return int(tiny_llama_config(tokenizer).max_position_embeddings)
+    if source == SMOLLM2 or source.endswith(".gguf"):
+        directory = gguf_model_dir(smollm2_gguf_path() if source == SMOLLM2 else Path(source).expanduser())
+    else:
+        directory = local_model_dir(source)
+    return int(AutoConfig.from_pretrained(directory, local_files_only=True).max_position_embeddings)
 
 
 def load_tokenizer(source: str = SMOLLM2) -> PreTrainedTokenizerBase:

@@ -13,10 +13,9 @@ import pytest
 import torch
 
 from search_rl.main_eval import evaluate, load_eval_config
-from search_rl.main_ppo import model_context_length
 from search_rl.main_ppo import prepare as prepare_ppo
 from search_rl.main_sft import build_actor, build_trainer, load_sft_config, prepare, train
-from search_rl.models import load_model, load_tokenizer
+from search_rl.models import load_model, load_tokenizer, model_context_length
 from search_rl.train_config import ConfigError, load_config
 from search_rl.workers.forward import response_logprobs
 
