@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -21,6 +22,7 @@ from retriever_server.errors import install_error_handlers
 from retriever_server.middleware import GuardMiddleware
 from retriever_server.openapi import install_openapi
 from retriever_server.routes import router
+from retriever_server.schemas import LoadProgress
 from retriever_server.service import SearchService
 from retriever_server.settings import Method, Settings, get_settings
 from retriever_server.state import AppState
@@ -30,8 +32,14 @@ logger = logging.getLogger("retriever_server")
 
 def _load_blocking(state: AppState) -> tuple[Any, Any]:
     s = state.settings
+    t0 = time.monotonic()
+
+    def report(stage: str, done: int, total: int) -> None:  # shown by GET /health while loading
+        state.progress = LoadProgress(stage=stage, done=done, total=total, elapsed_s=round(time.monotonic() - t0, 1))
+
+    report("reading corpus", 0, 0)
     corpus = load_corpus(s.corpus_path)
-    retriever = load_retriever(corpus, s)
+    retriever = load_retriever(corpus, s, progress=report)
     method = Method.dense if s.method is Method.hybrid else s.method
     state.index_path = str(index_path(corpus, method, s))
     return corpus, retriever

@@ -93,7 +93,7 @@ async def retrieve(req: RetrieveRequest, request: Request, state: StateDep, serv
 
 @router.get("/health", response_model=Health, responses={503: {"model": Health}})
 async def health(state: StateDep) -> JSONResponse:
-    """200 with index facts once ready; 503 while loading or after a failed load."""
+    """200 with index facts once ready; 503 while loading (with the build's progress) or after a failed load."""
     s = state.settings
     body = Health(
         status="loading", method=s.method.value, encoder_model=s.encoder_model if s.method != "bm25" else None
@@ -103,6 +103,8 @@ async def health(state: StateDep) -> JSONResponse:
         body.index_path = Path(state.index_path).name if state.index_path else None
     elif state.error is not None:
         body.status, body.error = "failed", without_paths(state.error) + " (full message in the server log)"
+    else:
+        body.progress = state.progress
     body.encoder_model = without_paths(body.encoder_model) if body.encoder_model else None
     return JSONResponse(body.model_dump(), status_code=200 if body.status == "ready" else 503)
 

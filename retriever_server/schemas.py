@@ -70,6 +70,16 @@ class ErrorMessage(BaseModel):
     detail: str
 
 
+class LoadProgress(BaseModel):
+    """Where loading the index stands: the current step and how far it got (``done`` of ``total`` items)."""
+
+    stage: str
+    done: int
+    total: int
+    elapsed_s: float
+    """Seconds since loading started."""
+
+
 class Health(BaseModel):
     status: Literal["loading", "ready", "failed"]
     method: str
@@ -77,3 +87,5 @@ class Health(BaseModel):
     index_path: str | None = None
     encoder_model: str | None = None
     error: str | None = None
+    progress: LoadProgress | None = None
+    """While loading: the build step under way (e.g. ``encoding corpus``, 2048 of 16430 passages)."""

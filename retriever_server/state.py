@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from retriever_server.metrics import ServiceMetrics
+from retriever_server.schemas import LoadProgress
 from retriever_server.service import SearchService
 from retriever_server.settings import Settings
 
@@ -17,3 +18,5 @@ class AppState:
     index_path: str | None = None
     error: str | None = None
     """Why loading failed, if it did."""
+    progress: LoadProgress | None = None
+    """While loading: the step under way and how far it got (written by the loading thread)."""
