@@ -5,9 +5,10 @@
     python -m search_rl.demo --model tiny        # a random 2-layer Llama: checks the plumbing in about a minute
     python -m search_rl.demo --serve-only        # only start the retriever, query it, serve until Ctrl-C
 
-The journey: check the shipped corpus and datasets (``data/``; rebuilt from ``../shared/data/raw`` only when
-missing), start ``uvicorn retriever_server.app:app`` in the background through ``RetrieverProcess`` and wait for
-``/health`` (the first start builds the dense index and caches it under ``~/.cache/search-rl/indexes``), train with
+The journey: check the shipped corpus and datasets (``data/``), start ``uvicorn retriever_server.app:app`` in the
+background through ``RetrieverProcess`` and wait for ``/health``, showing the index build's progress it reports (the
+first start builds the dense index from the shipped embeddings in seconds and caches it under
+``~/.cache/search-rl/indexes``; without matching embeddings it encodes the corpus, minutes), train with
 the default recipe (``configs/ppo_trainer.yaml``: PPO with a critic) under small budgets, with a progress bar,
 evaluate the last checkpoint greedily with ``main_eval`` on a slice of the test split, render the training curves,
 and print where everything is. The retriever it started is stopped on success, failure and Ctrl-C.
@@ -23,8 +24,10 @@ import importlib.util
 import json
 import logging
 import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,6 +133,67 @@ def check_data() -> None:
             f"missing {', '.join(map(str, missing))}: the demo runs from the repository root, and these files are "
             "part of it; restore them with `git checkout -- data/` (docs/data.md says how they are rebuilt)"
         )
+
+
+class BuildProgress:
+    """While the retriever starts, polls its ``GET /health`` and shows the index build it reports: a log line per
+    step and a tqdm bar for steps that count items (encoding the corpus: passages)."""
+
+    def __init__(self, url: str, interval_s: float = 1.0) -> None:
+        self.url = url
+        self.interval_s = interval_s
+        self.seen: list[dict[str, Any]] = []
+        """Every distinct progress report read, in order."""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="retriever-build-progress", daemon=True)
+        self._bar: tqdm | None = None
+        self._stage: str | None = None
+
+    def __enter__(self) -> BuildProgress:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self._bar is not None:
+            self._bar.close()
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=5) as client:
+            while not self._stop.wait(self.interval_s):
+                try:
+                    progress = client.get(f"{self.url}/health").json().get("progress")
+                except (httpx.HTTPError, ValueError):  # not listening yet, or not JSON
+                    continue
+                if progress and (not self.seen or progress != self.seen[-1]):
+                    self.seen.append(progress)
+                    self.show(progress)
+
+    def show(self, progress: dict[str, Any]) -> None:
+        """Render one report: a new step logs a line (and opens a bar if it counts items); the same step moves it."""
+        stage, done, total = progress["stage"], progress["done"], progress["total"]
+        if stage != self._stage:
+            self._stage = stage
+            if self._bar is not None:
+                self._bar.close()
+                self._bar = None
+            logger.info("retriever: %s (%.0fs since start)", stage, progress["elapsed_s"])
+            if total > 0 and done < total:
+                self._bar = tqdm(total=total, desc=stage, unit="item", dynamic_ncols=True)
+        if self._bar is not None:
+            self._bar.update(done - self._bar.n)
+
+
+@contextmanager
+def started(server: RetrieverProcess) -> Iterator[RetrieverProcess]:
+    """Start the retriever, showing its build progress until it is ready; stop it on exit, whatever happens."""
+    try:
+        with BuildProgress(server.url):
+            server.start()
+        yield server
+    finally:
+        server.stop()
 
 
 def start_port(requested: int) -> int:
@@ -241,7 +305,7 @@ def summarize(s: DemoSettings, checkpoint: Path, eval_line: str, eval_dir: Path,
 
 def serve(port: int, topk: int, keep_serving: bool) -> int:
     """``--serve-only``: start the retriever, query it, and serve until Ctrl-C (or stop at once)."""
-    with RetrieverProcess(port=port, ready_timeout_s=3600) as server:
+    with started(RetrieverProcess(port=port, ready_timeout_s=3600)) as server:
         show(server.url, DEMO_QUERIES, topk)
         if not keep_serving:
             return 0
@@ -264,7 +328,8 @@ def run_demo(s: DemoSettings, port: int) -> int:
         settings.corpus_path,
     )
     t0 = time.perf_counter()
-    with RetrieverProcess(port=port, ready_timeout_s=3600, log_path=s.run_dir / "retriever.log") as server:
+    retriever = RetrieverProcess(port=port, ready_timeout_s=3600, log_path=s.run_dir / "retriever.log")
+    with started(retriever) as server:
         logger.info("retriever ready in %.0fs at %s", time.perf_counter() - t0, server.url)
         checkpoint = train(s, server.url)
         t_train = time.perf_counter()
