@@ -1,8 +1,8 @@
 """Shared fixtures: real retriever servers (uvicorn child processes) over the shipped corpus.
 
 ``retriever_url`` serves BM25 (index builds in about a second). ``dense_retriever_url`` serves the default dense
-index (MiniLM + FAISS Flat); it is built once into the user cache (~/.cache/search-rl/indexes) and reused by later
-runs, so only the first run on a machine pays for encoding the corpus.
+index (MiniLM + FAISS Flat), built from the corpus's shipped embeddings (``data/index/wiki_mini``, seconds) into the
+user cache (~/.cache/search-rl/indexes). Everything the tests read is inside the repository or made by them.
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ from retriever_server.settings import SHIPPED_CORPUS, default_cache_dir
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-SHARED_RAW = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "raw"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -37,16 +35,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def shared_raw() -> Path:
-    """The raw data snapshot next to the checkout (``../shared/data/raw``)."""
-    if not SHARED_RAW.is_dir():
-        pytest.fail(f"raw data snapshot not found at {SHARED_RAW}; the tests need ../shared/data/raw")
-    return SHARED_RAW
-
-
-@pytest.fixture(scope="session")
-def shared_index_dir() -> Path:
-    """Index cache shared across test runs (dense builds take minutes; reuse them)."""
+def index_cache_dir() -> Path:
+    """The user's index cache (what the server uses by default), reused across test runs."""
     return default_cache_dir() / "indexes"
 
 
@@ -65,13 +55,14 @@ def retriever_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def dense_retriever_url(shared_index_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def dense_retriever_url(index_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """URL of a real uvicorn retriever serving the default dense index over the shipped corpus."""
     env = {
         "RETRIEVER_METHOD": "dense",
         "RETRIEVER_CORPUS_PATH": str(SHIPPED_CORPUS),
-        "RETRIEVER_INDEX_DIR": str(shared_index_dir),
+        "RETRIEVER_INDEX_DIR": str(index_cache_dir),
     }
     log = tmp_path_factory.mktemp("logs") / "retriever-dense.log"
+    # 1500 s covers a machine where the shipped embeddings do not verify and the corpus is encoded (598 s on 2 cores)
     with RetrieverProcess(env=env, ready_timeout_s=1500, log_path=log) as server:
         yield server.url
