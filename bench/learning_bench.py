@@ -85,15 +85,15 @@ class Bench:
     results: dict[str, dict[str, float]] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
 
-    def shared(self, rollout_key: str) -> list[str]:
+    def shared(self) -> list[str]:
         """Overrides every trainer and evaluation run shares: the same retriever, search loop and budgets for all
-        rows (``rollout_key``: ``actor_rollout_ref.rollout`` in the trainers, ``rollout`` in ``main_eval``)."""
+        rows (``actor_rollout_ref.rollout`` in every entry point)."""
         b = self.budget
         return [
             f"retriever.url={self.url}",
             f"max_turns={b.max_turns}",
-            f"{rollout_key}.max_turn_tokens={b.max_turn_tokens}",
-            f"{rollout_key}.max_obs_tokens={b.max_obs_tokens}",
+            f"actor_rollout_ref.rollout.max_turn_tokens={b.max_turn_tokens}",
+            f"actor_rollout_ref.rollout.max_obs_tokens={b.max_obs_tokens}",
         ]
 
     def run(self, name: str, module: str, overrides: list[str]) -> None:
@@ -124,7 +124,7 @@ class Bench:
                 f"baseline={baseline}",
                 f"data.max_samples={b.eval_questions}",
                 f"output_dir={folder}",
-                *self.shared("rollout"),
+                *self.shared(),
             ],
         )
         (metrics_file,) = sorted(folder.glob("*/metrics.json"))[-1:]
@@ -144,7 +144,7 @@ class Bench:
                 "trainer.resume=disable",
                 "trainer.logger=[console,jsonl]",
                 f"data.train_batch_size={b.sft_batch}",
-                *self.shared("actor_rollout_ref.rollout"),
+                *self.shared(),
                 *self.sft_overrides,
             ],
         )
@@ -174,7 +174,7 @@ class Bench:
                 f"actor_rollout_ref.rollout.n={b.group_size if grpo else 1}",
                 # two optimizer steps per batch: more updates for the same rollouts
                 f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts // 2}",
-                *self.shared("actor_rollout_ref.rollout"),
+                *self.shared(),
                 *RL_DEFAULTS,
                 *self.rl_overrides,
             ],

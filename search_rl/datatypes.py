@@ -5,8 +5,6 @@ Shapes use ``B`` = trajectories, ``T`` = response tokens, ``P`` = prompt tokens.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -114,7 +112,7 @@ class Trajectory:
         mask:       | 1  1  1  1  1  1  1  1  1  1  1  1  1 | 0  0  0  0  0  0  0  0  0  0  0  0 | 1  1  1  1  1  1  1
                       model-generated                         inserted observation                 model-generated
 
-    In a ``RolloutBatch``, padding (left of the prompt, right of the response) has mask 0 and attention 0.
+    In a ``TrainBatch``, padding (left of the prompt, right of the response) has mask 0 and attention 0.
 
     ``response_mask[t] == 1`` iff ``response_ids[t]`` was sampled from the policy in this rollout, in which case
     ``rollout_logprobs[t]`` is its sampling log-prob (0.0 where the mask is 0).
@@ -128,7 +126,6 @@ class Trajectory:
         final_answer: the answer text of the episode's ``<answer>`` action, or None.
         stop_reason: why the episode ended.
         stats: counters (turns, searches, valid/invalid actions, truncations, retriever errors).
-        reward: set later by the reward step (``dataclasses.replace``).
     """
 
     prompt_ids: torch.Tensor
@@ -139,7 +136,6 @@ class Trajectory:
     final_answer: str | None
     stop_reason: StopReason
     stats: TrajectoryStats
-    reward: float | None = None
 
     def __post_init__(self) -> None:
         t = self.response_ids.shape[0]
@@ -194,73 +190,3 @@ class RolloutResult:
 
     trajectories: list[Trajectory]
     metrics: dict[str, float]
-
-
-@dataclass(frozen=True)
-class RolloutBatch:
-    """Trajectories collated into padded tensors (prompts left-padded, responses right-padded).
-
-    Fields:
-        input_ids: (B, P+T) prompt then response tokens.
-        attention_mask: (B, P+T) 1 on real tokens, 0 on padding.
-        position_ids: (B, P+T) 0-based positions of real tokens (padding repeats the edge position).
-        response_ids: (B, T) the response slice of ``input_ids``.
-        response_mask: (B, T) 1 = model-generated, 0 = observation or padding.
-        rollout_logprobs: (B, T) sampling log-probs, 0.0 where ``response_mask`` is 0.
-        group_ids: (B,) int64, equal for samples of the same prompt (GRPO groups).
-    """
-
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    position_ids: torch.Tensor
-    response_ids: torch.Tensor
-    response_mask: torch.Tensor
-    rollout_logprobs: torch.Tensor
-    group_ids: torch.Tensor
-
-    def __post_init__(self) -> None:
-        sizes = {f.name: getattr(self, f.name).shape[0] for f in dataclasses.fields(self)}
-        if len(set(sizes.values())) != 1:
-            raise ValueError(f"RolloutBatch fields disagree on batch size: {sizes}")
-
-    def __len__(self) -> int:
-        return int(self.input_ids.shape[0])
-
-    @property
-    def prompt_length(self) -> int:
-        """P, the padded prompt width."""
-        return int(self.input_ids.shape[1] - self.response_ids.shape[1])
-
-    @staticmethod
-    def from_trajectories(
-        trajectories: Sequence[Trajectory], pad_token_id: int, group_ids: Sequence[int] | None = None
-    ) -> RolloutBatch:
-        """Collate: left-pad prompts to the longest prompt, right-pad responses to the longest response."""
-        if not trajectories:
-            raise ValueError("RolloutBatch.from_trajectories: no trajectories")
-        b = len(trajectories)
-        p = max(int(t.prompt_ids.shape[0]) for t in trajectories)
-        t_max = max(int(t.response_ids.shape[0]) for t in trajectories)
-        input_ids = torch.full((b, p + t_max), pad_token_id, dtype=torch.long)  # (B, P+T)
-        attention = torch.zeros((b, p + t_max), dtype=torch.long)  # (B, P+T)
-        response_mask = torch.zeros((b, t_max), dtype=torch.long)  # (B, T)
-        logprobs = torch.zeros((b, t_max), dtype=torch.float32)  # (B, T)
-        for i, traj in enumerate(trajectories):
-            n_p, n_t = traj.prompt_ids.shape[0], traj.response_ids.shape[0]
-            input_ids[i, p - n_p : p] = traj.prompt_ids
-            input_ids[i, p : p + n_t] = traj.response_ids
-            attention[i, p - n_p : p + n_t] = 1
-            response_mask[i, :n_t] = traj.response_mask
-            if traj.rollout_logprobs is not None:
-                logprobs[i, :n_t] = traj.rollout_logprobs
-        position_ids = (attention.cumsum(-1) - 1).clamp(min=0)  # (B, P+T)
-        groups = torch.as_tensor(group_ids if group_ids is not None else range(b), dtype=torch.long)
-        return RolloutBatch(
-            input_ids=input_ids,
-            attention_mask=attention,
-            position_ids=position_ids,
-            response_ids=input_ids[:, p:].clone(),
-            response_mask=response_mask,
-            rollout_logprobs=logprobs,
-            group_ids=groups,
-        )

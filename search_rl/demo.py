@@ -95,9 +95,9 @@ def eval_overrides(s: DemoSettings, retriever_url: str, actor_dir: Path) -> list
         f"retriever.url={retriever_url}",
         f"data.max_samples={s.eval_samples}",
         f"max_turns={s.max_turns}",
-        "rollout.max_turn_tokens=64",
-        "rollout.max_obs_tokens=160",
-        "rollout.max_response_tokens=400",
+        "actor_rollout_ref.rollout.max_turn_tokens=64",
+        "actor_rollout_ref.rollout.max_obs_tokens=160",
+        "actor_rollout_ref.rollout.max_response_tokens=400",
         f"output_dir={s.run_dir / 'eval'}",
     ]
 
@@ -221,9 +221,9 @@ def show(url: str, queries: list[str], topk: int) -> None:
 def train(s: DemoSettings, url: str) -> Path:
     """The short training run (resumed or skipped when ``runs/demo`` already has it); returns the last checkpoint."""
     from search_rl.checkpoint import CheckpointManager
+    from search_rl.config import load_config
     from search_rl.main_ppo import prepare
     from search_rl.main_ppo import train as run_training
-    from search_rl.train_config import load_config
 
     overrides = train_overrides(s, url)
     cfg = load_config(overrides)

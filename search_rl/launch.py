@@ -16,9 +16,9 @@ from typing import Any, Protocol, TypeVar
 from omegaconf import DictConfig, OmegaConf
 
 from search_rl.agent.retriever_client import RetrieverError
+from search_rl.config import ConfigError, TrainerConfig, to_config
 from search_rl.ray_session import ray_session
 from search_rl.tracking import Tracker, build_tracker
-from search_rl.train_config import ConfigError, TrainerConfig, to_config
 from search_rl.workers import LocalWorkerGroup, WorkerGroup, WorkerSpec
 
 PREPARE_ERRORS = (ConfigError, ValueError, RetrieverError, FileNotFoundError, ImportError)

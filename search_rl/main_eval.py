@@ -21,7 +21,7 @@ import json
 import logging
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,15 @@ from omegaconf import DictConfig
 from search_rl.agent.generation_manager import LLMGenerationManager
 from search_rl.agent.prompts import encode_prompt
 from search_rl.agent.retriever_client import RetrieverClient, RetrieverError
-from search_rl.config import HFEngineConfig, RetrieverClientConfig, RolloutConfig
+from search_rl.config import (
+    CONFIG_DIR,
+    ConfigError,
+    EvalConfig,
+    exit_on_renamed,
+    load_config,
+    register_configs,
+    to_config,
+)
 from search_rl.data import PromptDataset, read_rows
 from search_rl.datatypes import Trajectory
 from search_rl.models import dtype_of, load_model, load_tokenizer
@@ -40,75 +48,13 @@ from search_rl.rollout.hf import HFEngine
 from search_rl.scoring import answer_metrics, score_trajectories
 from search_rl.templates import load_template, render_prompt
 from search_rl.tracking.rollout_dump import write_records
-from search_rl.train_config import CONFIG_DIR, ConfigError, ModelConfig, RewardConfig, to_config
 
 logger = logging.getLogger("search_rl.main_eval")
-
-BASELINES = ("search", "no_search", "naive_rag")
-
-
-@dataclass
-class EvalDataConfig:
-    """What ``main_eval`` scores."""
-
-    files: list[str] = field(default_factory=lambda: ["data/datasets/nq_hotpotqa_mini/test.parquet"])
-    """Parquet files of Search-R1 rows."""
-    max_samples: int | None = None
-    """Score a fixed, seeded subset of this many rows (``null`` = every row)."""
-    seed: int = 0
-    """Seed of that subset."""
-
-
-@dataclass
-class EvalConfig:
-    """The root of ``configs/eval.yaml``."""
-
-    do_search: bool = True
-    """Execute ``<search>`` actions (``search`` baseline only)."""
-    max_turns: int = 4
-    """Search turns per episode (``search`` baseline only)."""
-    baseline: str = "search"
-    """``search`` (the rows' prompts, with search), ``no_search`` (closed book) or ``naive_rag`` (top-k passages of
-    the question inlined in the prompt, no search)."""
-    rag_topk: int = 3
-    """Passages inlined by ``naive_rag``."""
-    model: ModelConfig = field(default_factory=ModelConfig)
-    """Model to evaluate: a base model or a checkpoint's ``actor/`` folder."""
-    data: EvalDataConfig = field(default_factory=EvalDataConfig)
-    """Rows to score."""
-    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(greedy=True))
-    """The search loop; decoding is always greedy."""
-    engine: HFEngineConfig = field(default_factory=HFEngineConfig)
-    """HF engine settings."""
-    retriever: RetrieverClientConfig = field(default_factory=RetrieverClientConfig)
-    """The retriever service (``search`` and ``naive_rag``)."""
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    """Scoring per data source."""
-    batch_size: int = 32
-    """Questions rolled out together."""
-    output_dir: str = "runs/eval"
-    """Where the run folder with ``metrics.json`` and ``trajectories.jsonl`` goes."""
-
-    def __post_init__(self) -> None:
-        if self.baseline not in BASELINES:
-            raise ConfigError(f"baseline must be one of {BASELINES}, got {self.baseline!r}")
-        if self.rag_topk < 1 or self.batch_size < 1:
-            raise ConfigError("rag_topk and batch_size must be >= 1")
-
-
-def register_eval_config() -> None:
-    from hydra.core.config_store import ConfigStore
-
-    ConfigStore.instance().store(name="eval_schema", node=EvalConfig)
 
 
 def load_eval_config(overrides: list[str] | tuple[str, ...] = ()) -> EvalConfig:
     """Compose ``configs/eval.yaml`` with overrides (tests and scripts)."""
-    from hydra import compose, initialize_config_dir
-
-    register_eval_config()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        cfg = to_config(compose(config_name="eval", overrides=list(overrides)))
+    cfg = load_config(list(overrides), config_name="eval")
     assert isinstance(cfg, EvalConfig)
     return cfg
 
@@ -154,7 +100,7 @@ def evaluate(cfg: EvalConfig) -> EvalResult:
     dataset = PromptDataset(read_rows(cfg.data.files), tokenizer, 10**9, drop_overlong=False)
     prompts = baseline_prompts(cfg, dataset, dataset.subset_indices(cfg.data.max_samples, cfg.data.seed), tokenizer)
     model = load_model(cfg.model.path, dtype=dtype_of(cfg.model.dtype), seed=cfg.model.seed)
-    engine = HFEngine(model, tokenizer, cfg.engine)
+    engine = HFEngine(model, tokenizer, cfg.rollout.hf)
     manager = LLMGenerationManager(engine, tokenizer, RetrieverClient(cfg.retriever) if search else None, rollout)
     trajectories: list[Trajectory] = []
     start = time.perf_counter()
@@ -191,7 +137,8 @@ def main(composed: DictConfig) -> None:
     sys.stdout.flush()
 
 
-register_eval_config()
+register_configs()
 
 if __name__ == "__main__":
+    exit_on_renamed("eval", sys.argv[1:])
     main()

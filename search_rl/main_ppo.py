@@ -25,13 +25,13 @@ from transformers import PreTrainedTokenizerBase
 
 from search_rl.agent.retriever_client import RetrieverClient
 from search_rl.checkpoint import CheckpointManager
+from search_rl.config import CONFIG_DIR, PPOConfig, StepSettings, register_configs
 from search_rl.data import PromptDataset, PromptLoader, read_rows
 from search_rl.launch import History, build_run_tracker, fit_with_workers, make_group, run_main, worker_specs
 from search_rl.models import load_tokenizer, model_context_length
 from search_rl.protocol import PromptBatch
 from search_rl.tracking import RolloutDumper, Tracker
-from search_rl.train_config import CONFIG_DIR, PPOConfig, register_configs
-from search_rl.trainer import PPOTrainer, StepSettings, Workers
+from search_rl.trainer import PPOTrainer, Workers
 from search_rl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from search_rl.workers.critic import CriticWorker
 

@@ -15,6 +15,7 @@ with code 2 and one message — then Ray, the actor workers and ``SFTTrainer``. 
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,18 +26,24 @@ from omegaconf import DictConfig
 from transformers import PreTrainedTokenizerBase
 
 from search_rl.agent.retriever_client import RetrieverClient
-from search_rl.algorithms import AlgorithmConfig
 from search_rl.checkpoint import CheckpointManager
+from search_rl.config import (
+    CONFIG_DIR,
+    AlgorithmConfig,
+    SFTConfig,
+    StepSettings,
+    exit_on_renamed,
+    load_config,
+    register_configs,
+)
 from search_rl.data import PromptDataset, PromptLoader, read_rows
 from search_rl.launch import History, build_run_tracker, fit_with_workers, make_group, run_main, worker_specs
 from search_rl.models import load_tokenizer, model_context_length
 from search_rl.protocol import PromptBatch
-from search_rl.sft.config import SFTConfig, register_sft_config
 from search_rl.sft.data import SFTDataset
 from search_rl.sft.trainer import SFTTrainer
 from search_rl.tracking import RolloutDumper, Tracker
-from search_rl.train_config import CONFIG_DIR, to_config
-from search_rl.trainer import StepSettings, Workers
+from search_rl.trainer import Workers
 from search_rl.workers.actor_rollout_ref import ActorRolloutRefWorker
 
 logger = logging.getLogger("search_rl.main_sft")
@@ -44,11 +51,7 @@ logger = logging.getLogger("search_rl.main_sft")
 
 def load_sft_config(overrides: Sequence[str] = ()) -> SFTConfig:
     """Compose ``configs/sft_trainer.yaml`` with command-line style overrides (tests and scripts)."""
-    from hydra import compose, initialize_config_dir
-
-    register_sft_config()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        cfg = to_config(compose(config_name="sft_trainer", overrides=list(overrides)))
+    cfg = load_config(list(overrides), config_name="sft_trainer")
     assert isinstance(cfg, SFTConfig)
     return cfg
 
@@ -148,7 +151,8 @@ def main(composed: DictConfig) -> None:
     run_main(composed, prepare, train, "the warm start", logger)
 
 
-register_sft_config()
+register_configs()
 
 if __name__ == "__main__":
+    exit_on_renamed("sft_trainer", sys.argv[1:])
     main()

@@ -23,7 +23,7 @@ from typing import Any, Self
 
 import torch
 
-from search_rl.datatypes import RolloutBatch
+from search_rl.datatypes import Trajectory
 
 Index = torch.Tensor | Sequence[int]
 
@@ -160,7 +160,8 @@ class PromptBatch(BatchOps):
 class TrainBatch(BatchOps):
     """Collated trajectories plus everything the update phases add, as padded tensors.
 
-    Prompts are left-padded to ``P``, responses right-padded to ``T`` (``RolloutBatch.from_trajectories``).
+    Prompts are left-padded to ``P``, responses right-padded to ``T`` (``TrainBatch.from_trajectories``, the one
+    collation).
     Optional fields are ``None`` until the phase that fills them.
 
     Fields:
@@ -224,17 +225,48 @@ class TrainBatch(BatchOps):
             raise ValueError(f"TrainBatch is missing {missing}; the phase that fills them has not run")
 
     @staticmethod
-    def from_rollout(
-        rollout: RolloutBatch, uids: Sequence[str], data_sources: Sequence[str], meta: BatchMeta
+    def from_trajectories(
+        trajectories: Sequence[Trajectory],
+        uids: Sequence[str],
+        data_sources: Sequence[str],
+        *,
+        pad_token_id: int,
+        response_width: int = 0,
+        meta: BatchMeta = BatchMeta(),
     ) -> TrainBatch:
-        """Wrap a collated ``RolloutBatch`` with its samples' group keys and data sources."""
+        """Collate, once: prompts left-padded to the longest prompt ``P``, responses right-padded to
+        ``T = max(response_width, longest response)`` (a fixed ``max_response_tokens`` keeps ``T`` equal across
+        steps, which ``seq-mean-token-sum-norm`` divides by); position ids from the attention mask.
+
+        Raises:
+            ValueError: no trajectories, or ``uids`` / ``data_sources`` of another length.
+        """
+        if not trajectories:
+            raise ValueError("TrainBatch.from_trajectories: no trajectories")
+        b = len(trajectories)
+        if len(uids) != b or len(data_sources) != b:
+            raise ValueError(f"{b} trajectories but {len(uids)} uids and {len(data_sources)} data sources")
+        p = max(int(t.prompt_ids.shape[0]) for t in trajectories)
+        t_max = max([response_width, *(int(t.response_ids.shape[0]) for t in trajectories)])
+        input_ids = torch.full((b, p + t_max), pad_token_id, dtype=torch.long)  # (B, P+T)
+        attention = torch.zeros((b, p + t_max), dtype=torch.long)  # (B, P+T)
+        response_mask = torch.zeros((b, t_max), dtype=torch.long)  # (B, T)
+        logprobs = torch.zeros((b, t_max), dtype=torch.float32)  # (B, T)
+        for i, traj in enumerate(trajectories):
+            n_p, n_t = traj.prompt_ids.shape[0], traj.response_ids.shape[0]
+            input_ids[i, p - n_p : p] = traj.prompt_ids
+            input_ids[i, p : p + n_t] = traj.response_ids
+            attention[i, p - n_p : p + n_t] = 1
+            response_mask[i, :n_t] = traj.response_mask
+            if traj.rollout_logprobs is not None:
+                logprobs[i, :n_t] = traj.rollout_logprobs
         return TrainBatch(
-            input_ids=rollout.input_ids,
-            attention_mask=rollout.attention_mask,
-            position_ids=rollout.position_ids,
-            response_ids=rollout.response_ids,
-            response_mask=rollout.response_mask,
-            rollout_logprobs=rollout.rollout_logprobs,
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=(attention.cumsum(-1) - 1).clamp(min=0),  # (B, P+T)
+            response_ids=input_ids[:, p:].clone(),
+            response_mask=response_mask,
+            rollout_logprobs=logprobs,
             uids=tuple(uids),
             data_sources=tuple(data_sources),
             meta=meta,

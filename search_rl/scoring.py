@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
+from search_rl.config import RewardConfig
 from search_rl.datatypes import GroundTruth, RewardResult, Trajectory
 from search_rl.protocol import PromptBatch
 from search_rl.reward import reward_fn_for, shape_reward
-from search_rl.train_config import RewardConfig
 
 ANSWER_KEYS = ("em", "subem", "f1")
 """Answer-quality components every built-in reward reports."""

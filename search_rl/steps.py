@@ -13,18 +13,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 
-from search_rl.algorithms import (
-    ADVANTAGES,
-    AdvantageInputs,
-    AlgorithmConfig,
-    KLController,
-    apply_kl_penalty,
-    loss_mask_for,
-)
+from search_rl.algorithms import ADVANTAGES, AdvantageInputs, KLController, apply_kl_penalty, loss_mask_for
 from search_rl.algorithms.masked import masked_mean
-from search_rl.datatypes import RolloutBatch, RolloutResult, Trajectory
+from search_rl.config import AlgorithmConfig
+from search_rl.datatypes import RolloutResult, Trajectory
 from search_rl.protocol import BatchMeta, PromptBatch, TrainBatch
 
 SUMMED_ROLLOUT_METRICS = frozenset(
@@ -44,23 +37,16 @@ SUMMED_ROLLOUT_METRICS = frozenset(
 def build_train_batch(
     trajectories: Sequence[Trajectory], prompts: PromptBatch, pad_token_id: int, response_width: int, meta: BatchMeta
 ) -> TrainBatch:
-    """Collate trajectories and pad responses to ``response_width`` (``max_response_tokens``), so that ``T`` is
-    the same for every step and micro-batch (``seq-mean-token-sum-norm`` divides by it)."""
-    rb = RolloutBatch.from_trajectories(trajectories, pad_token_id)
-    extra = max(0, response_width - rb.response_ids.shape[1])
-    if extra:
-        input_ids = F.pad(rb.input_ids, (0, extra), value=pad_token_id)  # (B, P+T)
-        attention = F.pad(rb.attention_mask, (0, extra))  # (B, P+T)
-        rb = RolloutBatch(
-            input_ids=input_ids,
-            attention_mask=attention,
-            position_ids=(attention.cumsum(-1) - 1).clamp(min=0),
-            response_ids=F.pad(rb.response_ids, (0, extra), value=pad_token_id),
-            response_mask=F.pad(rb.response_mask, (0, extra)),
-            rollout_logprobs=F.pad(rb.rollout_logprobs, (0, extra)),
-            group_ids=rb.group_ids,
-        )
-    return TrainBatch.from_rollout(rb, prompts.uids, prompts.data_sources, meta)
+    """The step's batch: ``trajectories`` of ``prompts`` collated once (``TrainBatch.from_trajectories``), responses
+    padded to ``response_width`` (``max_response_tokens``)."""
+    return TrainBatch.from_trajectories(
+        trajectories,
+        prompts.uids,
+        prompts.data_sources,
+        pad_token_id=pad_token_id,
+        response_width=response_width,
+        meta=meta,
+    )
 
 
 def place_scores(batch: TrainBatch, scores: Sequence[float]) -> torch.Tensor:

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from search_rl.algorithms import AlgorithmConfig, build_kl_controller
+from search_rl.algorithms import build_kl_controller
 from search_rl.algorithms.masked import masked_mean
 from search_rl.checkpoint import TRAINER_STATE, CheckpointManager
+from search_rl.config import AlgorithmConfig, StepSettings, TrainerConfig
 from search_rl.data import PromptLoader
 from search_rl.datatypes import RewardResult, RolloutResult, Trajectory
 from search_rl.protocol import BatchMeta, PromptBatch, TrainBatch
@@ -37,7 +37,6 @@ from search_rl.steps import (
     search_failure_rate,
 )
 from search_rl.tracking import RolloutDumper, Tracker, timer
-from search_rl.train_config import RewardConfig, TrainerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -48,26 +47,6 @@ class Workers(Protocol):
     def broadcast(self, method: str, *args: Any, **kwargs: Any) -> list[Any]: ...
 
     def map_shards(self, method: str, batch: Any, *args: Any, **kwargs: Any) -> list[Any]: ...
-
-
-@dataclass(frozen=True)
-class StepSettings:
-    """The few facts about the run that the loop needs besides ``TrainerConfig`` and ``AlgorithmConfig``."""
-
-    pad_token_id: int
-    """Padding id of the tokenizer."""
-    response_width: int
-    """``rollout.max_response_tokens``: every batch's padded response width."""
-    use_reference: bool
-    """Compute reference log-probs (a KL term is on)."""
-    greedy_baseline: bool
-    """Roll out each prompt greedily as baseline (``remax``)."""
-    reward: RewardConfig
-    """Scoring per data source."""
-    max_retriever_error_rate: float = 0.5
-    """Stop the run when more than this share of a step's searches failed (``rollout.max_retriever_error_rate``)."""
-    train_on_retriever_errors: bool = False
-    """Keep trajectories with a failed search in the loss (``rollout.train_on_retriever_errors``)."""
 
 
 class RetrieverOutage(RuntimeError):

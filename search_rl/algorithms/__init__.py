@@ -14,7 +14,6 @@ from search_rl.algorithms.advantages import (
     estimator_needs,
     requires,
 )
-from search_rl.algorithms.config import AlgorithmConfig
 from search_rl.algorithms.kl_control import (
     AdaptiveKLController,
     FixedKLController,
@@ -42,7 +41,6 @@ __all__ = [
     "AdaptiveKLController",
     "AdvantageInputs",
     "AdvantageOutputs",
-    "AlgorithmConfig",
     "EstimatorNeeds",
     "FixedKLController",
     "KLController",

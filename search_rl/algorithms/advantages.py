@@ -30,7 +30,7 @@ from search_rl.algorithms.masked import masked_whiten
 from search_rl.registry import Registry
 
 if TYPE_CHECKING:  # the config validates names against this module's registry, so it imports this module
-    from search_rl.algorithms.config import AlgorithmConfig
+    from search_rl.config import AlgorithmConfig
 
 F = TypeVar("F", bound=Callable[..., object])
 

@@ -7,13 +7,15 @@ Used when ``algorithm.use_kl_in_reward`` is true (classic RLHF PPO). The adaptiv
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from search_rl.algorithms.config import AlgorithmConfig
 from search_rl.algorithms.losses import estimate_kl
 from search_rl.algorithms.masked import masked_mean
+
+if TYPE_CHECKING:  # the config validates names against this package's registries, so it imports this package
+    from search_rl.config import AlgorithmConfig
 
 ADAPTIVE_KL_MAX_ERROR = 0.2
 """The adaptive controller clips its proportional error to +-20% (Ziegler et al. 2019)."""
@@ -97,6 +99,7 @@ class AdaptiveKLController:
 def build_kl_controller(cfg: AlgorithmConfig) -> KLController:
     """The controller ``cfg.kl_ctrl_type`` names, starting at ``cfg.kl_coef``.
 
+    >>> from search_rl.config import AlgorithmConfig
     >>> type(build_kl_controller(AlgorithmConfig(kl_ctrl_type="adaptive"))).__name__
     'AdaptiveKLController'
     """

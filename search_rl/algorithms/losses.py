@@ -23,7 +23,7 @@ from search_rl.algorithms.masked import masked_mean, masked_sum
 from search_rl.registry import Registry
 
 if TYPE_CHECKING:  # the config validates names against this module's registries, so it imports this module
-    from search_rl.algorithms.config import AlgorithmConfig
+    from search_rl.config import AlgorithmConfig
 
 LOG_RATIO_CLAMP = 20.0
 """Log-ratios are clamped to +-20 before ``exp`` so one stale token cannot overflow the ratio (as verl)."""
@@ -57,7 +57,7 @@ def loss_mask_for(response_mask: torch.Tensor, attention_mask: torch.Tensor, cfg
         attention_mask: (B, T) or (B, P+T) 1 = real token, 0 = padding; its last T columns are used.
         cfg: the algorithm config.
 
-    >>> from search_rl.algorithms import AlgorithmConfig
+    >>> from search_rl.config import AlgorithmConfig
     >>> cfg = AlgorithmConfig(mask_observations=False)
     >>> loss_mask_for(torch.tensor([[1, 0, 1, 0]]), torch.tensor([[1, 1, 1, 1, 0]]), cfg)
     tensor([[1, 1, 1, 0]])
@@ -231,7 +231,7 @@ def compute_value_loss(
     Returns:
         ``(loss, metrics)`` with ``critic/vf_loss``, ``critic/vf_clipfrac``, ``critic/vpred_mean``.
 
-    >>> from search_rl.algorithms import AlgorithmConfig
+    >>> from search_rl.config import AlgorithmConfig
     >>> cfg = AlgorithmConfig(value_clip=0.5)
     >>> loss, m = compute_value_loss(torch.tensor([[2.0]]), torch.tensor([[1.0]]), torch.tensor([[3.0]]),
     ...                              torch.tensor([[1]]), cfg)

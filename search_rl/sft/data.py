@@ -17,8 +17,8 @@ from transformers import PreTrainedTokenizerBase
 
 from search_rl.agent.observations import ObservationBuilder
 from search_rl.agent.prompts import encode_prompt
-from search_rl.algorithms import AlgorithmConfig, loss_mask_for
-from search_rl.config import RolloutConfig
+from search_rl.algorithms import loss_mask_for
+from search_rl.config import AlgorithmConfig, RolloutConfig
 from search_rl.data import PromptRow, read_rows, resolve_data_path
 from search_rl.datatypes import Trajectory
 from search_rl.protocol import BatchMeta, PromptBatch, TrainBatch

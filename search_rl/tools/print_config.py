@@ -6,7 +6,7 @@
     python -m search_rl.tools.print_config --groups                     # config groups and their options
 
 Sources, from weakest to strongest (the order Hydra applies them): ``default`` (the dataclass field in
-``search_rl/train_config.py`` or ``main_eval.py``), a group file (``configs/model/tiny.yaml``), the primary file
+``search_rl/config/``), a group file (``configs/model/tiny.yaml``), the primary file
 (``configs/ppo_trainer.yaml``), then ``override`` (the command line). Interpolated values are shown resolved.
 The config is composed by Hydra exactly as ``main_ppo`` / ``main_eval`` compose it, so an unknown key fails here too.
 """
@@ -21,8 +21,8 @@ from typing import Any, cast
 import yaml
 from omegaconf import OmegaConf, open_dict
 
+from search_rl.config import CONFIG_DIR, register_configs
 from search_rl.logging_setup import MESSAGE_FORMAT, configure_logging
-from search_rl.train_config import CONFIG_DIR, register_configs
 
 logger = logging.getLogger(__name__)
 
@@ -84,10 +84,6 @@ def compose(config_name: str, overrides: list[str]) -> tuple[dict[str, Any], dic
     from hydra import initialize_config_dir
 
     register_configs()
-    if config_name == "eval":
-        from search_rl.main_eval import register_eval_config
-
-        register_eval_config()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         composed = hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
     choices = {k: str(v) for k, v in composed.hydra.runtime.choices.items() if not k.startswith("hydra")}

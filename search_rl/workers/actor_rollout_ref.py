@@ -29,15 +29,21 @@ from transformers import AutoModelForCausalLM
 
 from search_rl.agent.generation_manager import LLMGenerationManager
 from search_rl.agent.retriever_client import RetrieverClient
-from search_rl.algorithms import AlgorithmConfig, compute_actor_loss
-from search_rl.config import RetrieverClientConfig
+from search_rl.algorithms import compute_actor_loss
+from search_rl.config import (
+    ActorConfig,
+    AlgorithmConfig,
+    ModelConfig,
+    RefConfig,
+    RetrieverClientConfig,
+    TrainRolloutConfig,
+)
 from search_rl.datatypes import RolloutResult
 from search_rl.models import dtype_of, load_model, load_tokenizer
 from search_rl.models.weights import save_hf_folder, tensor_aliases, without_aliases
 from search_rl.protocol import PromptBatch, TrainBatch
 from search_rl.rollout.base import RolloutEngine
 from search_rl.rollout.hf import HFEngine
-from search_rl.train_config import ActorConfig, ModelConfig, RefConfig, TrainRolloutConfig
 from search_rl.workers import distributed as D
 from search_rl.workers.forward import model_token_count, response_logprobs
 from search_rl.workers.optimization import TrainableModel

@@ -39,7 +39,7 @@ def test_every_field_has_an_attribute_docstring():
     import ast
     import inspect
 
-    import search_rl.config as module
+    import search_rl.config.rollout as module
 
     tree = ast.parse(inspect.getsource(module))
     for cls in (RolloutConfig, RetrieverClientConfig, HFEngineConfig):

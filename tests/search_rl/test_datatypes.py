@@ -1,4 +1,4 @@
-"""Datatypes: validation in __post_init__, RolloutBatch collation layout and default group ids.
+"""Datatypes: validation in __post_init__, and the one collation of trajectories (``TrainBatch.from_trajectories``).
 
 Run: python -m pytest tests/search_rl/test_datatypes.py -q
 """
@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from search_rl.datatypes import Generated, RolloutBatch, SamplingParams, Segment, Trajectory, TrajectoryStats
+from search_rl.datatypes import Generated, SamplingParams, Segment, Trajectory, TrajectoryStats
+from search_rl.protocol import TrainBatch
 
 PAD = 0
 
@@ -29,26 +30,34 @@ def _traj(prompt: list[int], response: list[int], mask: list[int]) -> Trajectory
 def test_collation_pads_prompt_left_and_response_right():
     a = _traj([11, 12, 13], [21, 22, 23, 24], [1, 0, 0, 1])
     b = _traj([14], [25], [1])
-    batch = RolloutBatch.from_trajectories([a, b], PAD, group_ids=[5, 5])
+    batch = TrainBatch.from_trajectories([a, b], ["q5", "q5"], ["nq", "nq"], pad_token_id=PAD)
     assert batch.input_ids.tolist() == [[11, 12, 13, 21, 22, 23, 24], [PAD, PAD, 14, 25, PAD, PAD, PAD]]
     assert batch.attention_mask.tolist() == [[1] * 7, [0, 0, 1, 1, 0, 0, 0]]
     assert batch.position_ids.tolist() == [[0, 1, 2, 3, 4, 5, 6], [0, 0, 0, 1, 1, 1, 1]]
     assert batch.response_mask.tolist() == [[1, 0, 0, 1], [1, 0, 0, 0]]
     assert batch.rollout_logprobs.tolist() == [[-0.5, 0, 0, -0.5], [-0.5, 0, 0, 0]]
     assert batch.response_ids.tolist() == [[21, 22, 23, 24], [25, PAD, PAD, PAD]]
-    assert batch.group_ids.tolist() == [5, 5] and batch.prompt_length == 3 and len(batch) == 2
+    assert batch.uids == ("q5", "q5") and batch.prompt_length == 3 and len(batch) == 2
 
 
-def test_default_group_ids_are_one_per_trajectory():
+def test_collation_pads_responses_to_the_fixed_width_once():
+    batch = TrainBatch.from_trajectories([_traj([7, 8], [9], [1])], ["q"], ["nq"], pad_token_id=PAD, response_width=4)
+    assert batch.response_ids.tolist() == [[9, PAD, PAD, PAD]] and batch.response_mask.tolist() == [[1, 0, 0, 0]]
+    assert batch.position_ids.tolist() == [[0, 1, 2, 2, 2, 2]] and batch.prompt_length == 2
+
+
+def test_collation_needs_one_uid_and_source_per_trajectory():
     trajs = [_traj([1, 2], [3] * (i + 1), [1] * (i + 1)) for i in range(5)]
-    batch = RolloutBatch.from_trajectories(trajs, PAD)
-    assert batch.group_ids.tolist() == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="5 trajectories but 4 uids"):
+        TrainBatch.from_trajectories(trajs, ["q"] * 4, ["nq"] * 5, pad_token_id=PAD)
+    with pytest.raises(ValueError, match="no trajectories"):
+        TrainBatch.from_trajectories([], [], [], pad_token_id=PAD)
 
 
 def test_inconsistent_batch_sizes_raise():
-    batch = RolloutBatch.from_trajectories([_traj([1], [2], [1])], PAD)
+    batch = TrainBatch.from_trajectories([_traj([1], [2], [1])], ["q"], ["nq"], pad_token_id=PAD)
     with pytest.raises(ValueError, match="disagree on batch size"):
-        RolloutBatch(**{**batch.__dict__, "group_ids": torch.tensor([0, 1])})
+        batch.replace(response_mask=torch.zeros((2, 1), dtype=torch.long))
 
 
 def test_validation_errors():

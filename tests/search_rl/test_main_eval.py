@@ -19,7 +19,13 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 RESULT_LINE = re.compile(r"^eval n=(\d+) em=([\d.]+) subem=([\d.]+) f1=([\d.]+)$")
-SMALL = ["model=tiny", "data.max_samples=3", "max_turns=1", "rollout.max_turn_tokens=16", "batch_size=2"]
+SMALL = [
+    "model=tiny",
+    "data.max_samples=3",
+    "max_turns=1",
+    "actor_rollout_ref.rollout.max_turn_tokens=16",
+    "batch_size=2",
+]
 
 
 @pytest.mark.parametrize("baseline", ["search", "no_search", "naive_rag"])

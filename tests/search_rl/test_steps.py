@@ -10,7 +10,8 @@ import dataclasses
 import pytest
 import torch
 
-from search_rl.algorithms import AlgorithmConfig, FixedKLController
+from search_rl.algorithms import FixedKLController
+from search_rl.config import AlgorithmConfig
 from search_rl.datatypes import RolloutResult, Segment, Trajectory, TrajectoryStats
 from search_rl.protocol import BatchMeta, PromptBatch
 from search_rl.scoring import reward_metrics

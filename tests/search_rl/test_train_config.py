@@ -23,10 +23,16 @@ import pytest
 from hydra.errors import ConfigCompositionException
 
 from retriever_server.launcher import free_port
-from search_rl import main_eval, train_config
+from search_rl.config import CONFIG_DIR, ConfigError, PPOConfig, load_config
+from search_rl.config import algorithm as algorithm_config
+from search_rl.config import eval as eval_config
+from search_rl.config import model as model_config
+from search_rl.config import ppo as ppo_config
+from search_rl.config import roles as roles_config
+from search_rl.config import rollout as rollout_config
+from search_rl.config import run as run_config
+from search_rl.config import sft as sft_config
 from search_rl.main_ppo import prepare
-from search_rl.sft import config as sft_config
-from search_rl.train_config import CONFIG_DIR, ConfigError, PPOConfig, load_config
 
 REPO = Path(__file__).resolve().parents[2]
 MY_YAMLS = [
@@ -136,7 +142,16 @@ def test_every_yaml_key_has_a_comment_above_and_no_inline_comment():
 
 def test_every_field_has_an_attribute_docstring():
     checked = 0
-    for module in (train_config, main_eval, sft_config):
+    for module in (
+        model_config,
+        rollout_config,
+        roles_config,
+        algorithm_config,
+        run_config,
+        ppo_config,
+        sft_config,
+        eval_config,
+    ):
         tree = ast.parse(inspect.getsource(module))
         for node in tree.body:
             cls = getattr(module, getattr(node, "name", ""), None)
@@ -165,6 +180,55 @@ def test_docs_reference_every_trainer_key():
     docs = (REPO / "docs" / "training.md").read_text()
     missing = [k for k in _leaf_keys(load_config([])) if f"`{k}`" not in docs]
     assert not missing, f"docs/training.md does not list {missing}"
+
+
+@pytest.mark.parametrize("name", ["sft_trainer", "eval"])
+def test_docs_reference_every_key_of_the_other_entry_points(name):
+    docs = (REPO / "docs" / "training.md").read_text()
+    missing = [k for k in _leaf_keys(load_config([], config_name=name)) if f"`{k}`" not in docs]
+    assert not missing, f"docs/training.md does not list {missing} of {name}.yaml"
+
+
+@pytest.mark.parametrize(
+    ("name", "old", "new"),
+    [
+        ("eval", "rollout.max_turn_tokens=16", "actor_rollout_ref.rollout.max_turn_tokens"),
+        ("eval", "engine.max_batch_size=8", "actor_rollout_ref.rollout.hf.max_batch_size"),
+        ("sft_trainer", "optim.lr=1e-4", "actor_rollout_ref.actor.optim.lr"),
+        ("sft_trainer", "micro_batch_size_per_gpu=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
+        ("sft_trainer", "+grad_clip=0.5", "actor_rollout_ref.actor.grad_clip"),
+    ],
+)
+def test_moved_keys_fail_naming_the_new_key(name, old, new):
+    with pytest.raises(ConfigError, match=re.escape(f"is now {new}")):
+        load_config([old], config_name=name)
+
+
+def test_the_same_setting_has_the_same_path_in_every_entry_point():
+    # the rollout budgets and the actor's optimizer are named alike by main_ppo, main_sft and main_eval
+    key = "actor_rollout_ref.rollout.max_turn_tokens=17"
+    for name in ("ppo_trainer", "sft_trainer", "eval"):
+        assert load_config([key], config_name=name).actor_rollout_ref.rollout.max_turn_tokens == 17
+    for name in ("ppo_trainer", "sft_trainer"):
+        cfg = load_config(["actor_rollout_ref.actor.optim.lr=3e-4"], config_name=name)
+        assert cfg.actor_rollout_ref.actor.optim.lr == 3e-4
+    assert (
+        load_config(["actor_rollout_ref.rollout.hf.max_batch_size=5"], config_name="eval").rollout.hf.max_batch_size
+        == 5
+    )
+
+
+@pytest.mark.integration
+def test_cli_names_the_new_key_of_a_moved_one():
+    proc = subprocess.run(
+        [sys.executable, "-m", "search_rl.main_eval", "rollout.max_turn_tokens=16"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert proc.returncode == 2
+    assert "rollout.max_turn_tokens is now actor_rollout_ref.rollout.max_turn_tokens" in proc.stderr
 
 
 def _run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from search_rl.config import ConfigError, load_config
 from search_rl.datatypes import GroundTruth, RewardResult, Trajectory
 from search_rl.main_ppo import build_trainer, build_workers, prepare, run
 from search_rl.models import build_tiny_model, load_model
 from search_rl.reward import REWARDS
 from search_rl.reward.registry import qa_components
-from search_rl.train_config import ConfigError, load_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.integration]
 

@@ -29,8 +29,8 @@ from pathlib import Path
 import pytest
 
 from retriever_server.launcher import RetrieverProcess, free_port
+from search_rl.config import load_config
 from search_rl.main_ppo import build_trainer, build_workers, prepare
-from search_rl.train_config import load_config
 from search_rl.trainer import RetrieverOutage
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

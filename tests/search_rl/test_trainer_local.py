@@ -12,8 +12,8 @@ import math
 
 import pytest
 
+from search_rl.config import load_config
 from search_rl.main_ppo import build_trainer, build_workers, prepare
-from search_rl.train_config import load_config
 
 BASE = [
     "model=tiny",

@@ -15,7 +15,7 @@ import torch
 from search_rl.agent.generation_manager import LLMGenerationManager
 from search_rl.agent.retriever_client import RetrieverClient
 from search_rl.config import RetrieverClientConfig, RolloutConfig
-from search_rl.datatypes import RolloutBatch
+from search_rl.protocol import TrainBatch
 from search_rl.tags import EMPTY_QUERY_FEEDBACK, INVALID_ACTION_FEEDBACK, OBS_PREFIX, OBS_SUFFIX, STOP_STRINGS
 
 pytestmark = pytest.mark.integration
@@ -165,7 +165,7 @@ def test_batch_collation_keeps_the_mask(tokenizer, retriever_url, make_scripted_
     p_a, p_b = make_prompt("first question"), make_prompt("b")
     engine = make_scripted_engine({tuple(p_a): SEARCH_TWICE_THEN_ANSWER, tuple(p_b): ["<answer> b </answer>"]})
     trajs = _manager(engine, tokenizer, retriever_url).generate([p_a, p_b]).trajectories
-    batch = RolloutBatch.from_trajectories(trajs, tokenizer.pad_token_id, group_ids=[0, 0])
+    batch = TrainBatch.from_trajectories(trajs, ["q", "q"], ["nq", "nq"], pad_token_id=tokenizer.pad_token_id)
     for i, t in enumerate(trajs):
         n = len(t.response_ids)
         assert torch.equal(batch.response_mask[i, :n], t.response_mask) and batch.response_mask[i, n:].sum() == 0

@@ -17,9 +17,8 @@ import pytest
 
 from retriever_server.launcher import RetrieverProcess, free_port
 from search_rl.agent.retriever_client import RetrieverClient, RetrieverError
-from search_rl.config import RetrieverClientConfig
+from search_rl.config import RetrieverClientConfig, load_config
 from search_rl.main_ppo import prepare
-from search_rl.train_config import load_config
 
 RESTART_PAUSE_S = 5.0
 """How long the server stays down before it is started again (the old client gave up after 3.5 s)."""

@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from search_rl.algorithms import ADVANTAGES, AdvantageInputs, AlgorithmConfig, compute_discounted_returns, compute_gae
+from search_rl.algorithms import ADVANTAGES, AdvantageInputs, compute_discounted_returns, compute_gae
 from search_rl.algorithms.advantages import group_index, leave_one_out, normalize_by_group
 from search_rl.algorithms.masked import masked_whiten
+from search_rl.config import AlgorithmConfig
 
 
 def _t(rows: list[list[float]]) -> torch.Tensor:

@@ -9,7 +9,8 @@ import dataclasses
 
 import pytest
 
-from search_rl.algorithms import ADVANTAGES, AlgorithmConfig
+from search_rl.algorithms import ADVANTAGES
+from search_rl.config import AlgorithmConfig
 
 
 def test_defaults_are_valid_and_documented():

@@ -10,12 +10,12 @@ import importlib
 
 import pytest
 
-MODULES = ["advantages", "config", "kl_control", "losses", "masked"]
+MODULES = ["advantages", "kl_control", "losses", "masked"]
 
 
-@pytest.mark.parametrize("name", MODULES)
+@pytest.mark.parametrize("name", [*MODULES, "search_rl.config.algorithm"])
 def test_docstring_examples(name: str):
-    module = importlib.import_module(f"search_rl.algorithms.{name}")
+    module = importlib.import_module(name if "." in name else f"search_rl.algorithms.{name}")
     result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0, f"{module.__name__} has no >>> examples"
     assert result.failed == 0

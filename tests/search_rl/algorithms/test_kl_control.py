@@ -8,13 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from search_rl.algorithms import (
-    AdaptiveKLController,
-    AlgorithmConfig,
-    FixedKLController,
-    apply_kl_penalty,
-    build_kl_controller,
-)
+from search_rl.algorithms import AdaptiveKLController, FixedKLController, apply_kl_penalty, build_kl_controller
+from search_rl.config import AlgorithmConfig
 
 
 def test_adaptive_controller_hand_computed():

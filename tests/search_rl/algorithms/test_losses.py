@@ -15,7 +15,6 @@ from search_rl.algorithms import (
     KL_ESTIMATORS,
     POLICY_LOSSES,
     AdvantageInputs,
-    AlgorithmConfig,
     aggregate_loss,
     compute_actor_loss,
     compute_value_loss,
@@ -23,6 +22,7 @@ from search_rl.algorithms import (
     estimate_kl,
     loss_mask_for,
 )
+from search_rl.config import AlgorithmConfig
 
 # Six tokens, clip range [1 - 0.2, 1 + 0.28], dual-clip c = 3. Per-token loss -A * r, hand-computed:
 #   A  ratio  unclipped  clipped(r)         max (PPO)   dual: min(., 3)  clipped? dual?

@@ -12,11 +12,11 @@ import math
 import pytest
 import torch
 
+from search_rl.config import ConfigError, load_config
 from search_rl.main_eval import evaluate, load_eval_config
 from search_rl.main_ppo import prepare as prepare_ppo
 from search_rl.main_sft import build_actor, build_trainer, load_sft_config, prepare, train
 from search_rl.models import load_model, load_tokenizer, model_context_length
-from search_rl.train_config import ConfigError, load_config
 from search_rl.workers.forward import response_logprobs
 
 pytestmark = pytest.mark.integration
@@ -33,9 +33,9 @@ def _overrides(sft_parquet, url, run_dir, *extra):
         "trainer.max_ckpt_to_keep=0",
         "data.train_batch_size=4",
         "data.val_max_samples=4",
-        "micro_batch_size_per_gpu=2",
-        "optim.lr=3e-3",
-        "optim.lr_warmup_steps=0",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.actor.optim.lr=3e-3",
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
         "max_turns=2",
         "actor_rollout_ref.rollout.max_turn_tokens=48",
         "actor_rollout_ref.rollout.max_obs_tokens=256",
@@ -95,7 +95,7 @@ def test_warm_start_learns_checkpoints_resumes_and_feeds_rl(sft_parquet, retriev
             f"retriever.url={retriever_url}",
             "data.max_samples=2",
             f"output_dir={tmp_path}/eval",
-            "rollout.max_turn_tokens=16",
+            "actor_rollout_ref.rollout.max_turn_tokens=16",
             "max_turns=1",
         ]
     )

@@ -243,7 +243,7 @@ def test_the_group_starts_every_time():
 
 
 def test_training_refuses_float16_naming_the_key():
-    from search_rl.train_config import ConfigError, load_config
+    from search_rl.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match=r"model\.dtype=float16 .*bfloat16"):
         load_config(["model.dtype=float16"])

@@ -8,12 +8,19 @@ import socket
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from search_rl.algorithms import AlgorithmConfig
-from search_rl.config import RetrieverClientConfig
+from search_rl.config import (
+    ActorConfig,
+    AlgorithmConfig,
+    CriticConfig,
+    ModelConfig,
+    OptimConfig,
+    RefConfig,
+    RetrieverClientConfig,
+    TrainRolloutConfig,
+)
 from search_rl.data import PromptDataset, read_rows
 from search_rl.protocol import BatchMeta, TrainBatch
 from search_rl.steps import build_train_batch, compute_advantages, place_scores
-from search_rl.train_config import ActorConfig, CriticConfig, ModelConfig, OptimConfig, RefConfig, TrainRolloutConfig
 from search_rl.workers import WorkerSpec
 from search_rl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from search_rl.workers.critic import CriticWorker

@@ -1,14 +1,15 @@
-"""Typed configuration: plain dataclasses, one per Hydra config group, each given only to the component it configures.
-
-This module holds the rollout side (``RolloutConfig``, ``RetrieverClientConfig``, ``HFEngineConfig``); the trainer
-adds its groups here and registers them in Hydra's ``ConfigStore``. Single-field checks live in ``__post_init__``;
-checks that need another component (the engine's context length) live in ``validate`` methods. Choice fields are
-plain ``str`` checked in ``__post_init__`` (OmegaConf structured configs accept no ``Literal``).
-"""
+"""The rollout side: the search loop (``RolloutConfig``), its retriever client and HF engine, and the training
+rollout's extras (``TrainRolloutConfig``: samples per prompt, engine choice). Single-field checks live in
+``__post_init__``; checks that need another component (the engine's context length) live in ``validate`` methods.
+Choice fields are plain ``str`` checked in ``__post_init__`` (OmegaConf structured configs accept no ``Literal``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from search_rl.config.errors import ConfigError
+
+ENGINES = ("hf", "vllm")
 
 
 @dataclass
@@ -151,3 +152,45 @@ class HFEngineConfig:
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
             raise ValueError(f"engine.max_batch_size must be >= 1, got {self.max_batch_size}")
+
+
+@dataclass
+class TrainRolloutConfig(RolloutConfig):
+    """The rollout as the trainer runs it: the search loop's ``RolloutConfig`` plus samples per prompt and engine.
+
+    ``do_search`` and ``max_turns`` are set from the top-level keys of the same names in the YAML.
+    """
+
+    n: int | None = None
+    """Samples per prompt; ``null`` = 1, or 4 for estimators that compare samples of a prompt (``grpo``, ``rloo``)."""
+    engine: str = "hf"
+    """Generation backend: ``hf`` (transformers, CPU or GPU) or ``vllm`` (GPU, ``search-rl[vllm]``)."""
+    hf: HFEngineConfig = field(default_factory=HFEngineConfig)
+    """Settings of the ``hf`` engine."""
+    gpu_memory_utilization: float = 0.4
+    """``vllm`` engine: share of GPU memory it may take (the trainer shares the GPU)."""
+    log_prob_micro_batch_size_per_gpu: int = 2
+    """Samples per forward pass when the actor recomputes the sampling log-probs."""
+    max_retriever_error_rate: float = 0.5
+    """Circuit breaker for ``on_retriever_error=observe``: stop the run when more than this share of a training
+    step's searches failed (1.0 = never)."""
+    train_on_retriever_errors: bool = False
+    """Keep trajectories that saw a retriever error in the loss; off: they are left out (scored, not trained on)
+    and counted in ``rollout/left_out_retriever_errors``."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 <= self.max_retriever_error_rate <= 1:
+            rate = self.max_retriever_error_rate
+            raise ConfigError(f"actor_rollout_ref.rollout.max_retriever_error_rate must be in [0, 1], got {rate}")
+        if self.n is not None and self.n < 1:
+            raise ConfigError(f"actor_rollout_ref.rollout.n must be >= 1, got {self.n}")
+        if self.engine not in ENGINES:
+            raise ConfigError(f"actor_rollout_ref.rollout.engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.log_prob_micro_batch_size_per_gpu < 1:
+            raise ConfigError("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu must be >= 1")
+
+    def search_loop_config(self) -> RolloutConfig:
+        """The narrow ``RolloutConfig`` the generation manager takes (the trainer-only fields dropped)."""
+        names = RolloutConfig.__dataclass_fields__
+        return RolloutConfig(**{k: getattr(self, k) for k in names})

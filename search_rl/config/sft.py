@@ -1,36 +1,52 @@
-"""Typed configuration of the warm start: the dataclasses behind ``configs/sft_trainer.yaml``.
+"""``SFTConfig``, the root of ``configs/sft_trainer.yaml`` (the warm start).
 
-It shares the groups of ``configs/ppo_trainer.yaml`` where they mean the same thing — ``model``, the rollout
-(``actor_rollout_ref.rollout``: its budgets decide how examples are tokenized, and validation rolls out with it),
-``retriever`` (validation searches), ``trainer`` (loop length, checkpoints, workers, logging) — so an SFT run and the
-RL run that starts from it agree on budgets and layout by construction.
-"""
+It shares the groups of ``configs/ppo_trainer.yaml`` where they mean the same thing, under the same key paths:
+``model``, ``actor_rollout_ref.actor`` (optimizer, micro-batch, clipping), ``actor_rollout_ref.rollout`` (its budgets
+decide how examples are tokenized, and validation rolls out with it), ``retriever`` (validation searches),
+``trainer`` (loop length, checkpoints, workers, logging) — so an SFT run and the RL run that starts from it agree on
+budgets and layout by construction."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from search_rl.config import RetrieverClientConfig
-from search_rl.train_config import (
-    ActorConfig,
-    ConfigError,
-    DataConfig,
-    ModelConfig,
-    OptimConfig,
-    RewardConfig,
-    TrainerConfig,
-    TrainRolloutConfig,
-    check_trainable_dtype,
-)
+from search_rl.config.errors import ConfigError
+from search_rl.config.model import ModelConfig, OptimConfig, check_trainable_dtype
+from search_rl.config.roles import ActorConfig
+from search_rl.config.rollout import RetrieverClientConfig, TrainRolloutConfig
+from search_rl.config.run import DataConfig, RewardConfig, TrainerConfig
 
 SFT_TRAIN_FILE = "data/datasets/nq_hotpotqa_mini/sft_train.parquet"
 """The shipped warm-start trajectories (``python -m data_prep.synth_sft``)."""
 
 
 @dataclass
-class SFTRolloutConfig:
-    """The rollout section the warm start shares with RL (``configs/rollout/*.yaml`` fill it)."""
+class SFTActorConfig:
+    """How the policy is updated by the warm start: the keys it shares with ``actor_rollout_ref.actor`` of RL. One
+    optimizer step per batch of ``data.train_batch_size`` examples."""
 
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=5e-5, weight_decay=0.0, lr_warmup_steps=5))
+    """AdamW of the policy."""
+    ppo_micro_batch_size_per_gpu: int = 4
+    """Examples per forward/backward pass on one worker (gradients accumulate over the step's batch)."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value (0 = no clipping)."""
+
+    def __post_init__(self) -> None:
+        if self.ppo_micro_batch_size_per_gpu < 1:
+            micro = self.ppo_micro_batch_size_per_gpu
+            raise ConfigError(f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu must be >= 1, got {micro}")
+        if self.grad_clip < 0:
+            raise ConfigError(f"actor_rollout_ref.actor.grad_clip must be >= 0, got {self.grad_clip}")
+
+
+@dataclass
+class SFTRolloutConfig:
+    """``actor_rollout_ref`` of the warm start: the update (``actor``) and the rollout it shares with RL
+    (``configs/rollout/*.yaml`` fill it)."""
+
+    actor: SFTActorConfig = field(default_factory=SFTActorConfig)
+    """Optimizer, micro-batches, clipping (same key paths as RL's ``actor_rollout_ref.actor``)."""
     rollout: TrainRolloutConfig = field(default_factory=TrainRolloutConfig)
     """Budgets the examples must fit, and the search loop of validation."""
 
@@ -47,12 +63,6 @@ class SFTConfig:
     """The starting policy."""
     data: DataConfig = field(default_factory=lambda: DataConfig(train_files=[SFT_TRAIN_FILE], train_batch_size=16))
     """Warm-start files (``train_files``), validation prompts (``val_files``), examples per step."""
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=5e-5, weight_decay=0.0, lr_warmup_steps=5))
-    """AdamW of the policy."""
-    micro_batch_size_per_gpu: int = 4
-    """Examples per forward/backward pass on one worker (gradients accumulate over the step's batch)."""
-    grad_clip: float = 1.0
-    """Clip the global gradient norm to this value (0 = no clipping)."""
     mask_observations: bool = True
     """Keep retrieved ``<information>`` tokens out of the loss, as the RL losses do (false = ablation)."""
     actor_rollout_ref: SFTRolloutConfig = field(default_factory=SFTRolloutConfig)
@@ -66,10 +76,6 @@ class SFTConfig:
 
     def __post_init__(self) -> None:
         check_trainable_dtype(self.model)
-        if self.micro_batch_size_per_gpu < 1:
-            raise ConfigError(f"micro_batch_size_per_gpu must be >= 1, got {self.micro_batch_size_per_gpu}")
-        if self.grad_clip < 0:
-            raise ConfigError(f"grad_clip must be >= 0, got {self.grad_clip}")
         if self.actor_rollout_ref.rollout.n is None:
             self.actor_rollout_ref.rollout.n = 1
 
@@ -97,18 +103,12 @@ class SFTConfig:
 
     def actor_config(self) -> ActorConfig:
         """The worker's update settings: one optimizer step per batch, split into micro-batches."""
+        actor = self.actor_rollout_ref.actor
         return ActorConfig(
-            optim=self.optim,
+            optim=actor.optim,
             ppo_mini_batch_size=self.data.train_batch_size,
-            ppo_micro_batch_size_per_gpu=self.micro_batch_size_per_gpu,
+            ppo_micro_batch_size_per_gpu=actor.ppo_micro_batch_size_per_gpu,
             ppo_epochs=1,
-            grad_clip=self.grad_clip,
+            grad_clip=actor.grad_clip,
             shuffle=False,
         )
-
-
-def register_sft_config() -> None:
-    """Register the schema in Hydra's ConfigStore (``sft_trainer.yaml`` lists it first in its defaults)."""
-    from hydra.core.config_store import ConfigStore
-
-    ConfigStore.instance().store(name="sft_trainer_schema", node=SFTConfig)

@@ -1,8 +1,7 @@
 """``AlgorithmConfig``: every knob of the RL objective (advantage estimator, PPO clipping, KL, entropy, aggregation).
 
-It is the ``algorithm`` Hydra group. The advantage estimators, losses and KL controllers of this package take it
-whole, so the trainer hands one object around and never branches on estimator or loss names.
-"""
+It is the ``algorithm`` Hydra group. The advantage estimators, losses and KL controllers of ``search_rl.algorithms``
+take it whole, so the trainer hands one object around and never branches on estimator or loss names."""
 
 from __future__ import annotations
 

@@ -1,0 +1,82 @@
+"""``EvalConfig``, the root of ``configs/eval.yaml`` (greedy evaluation and its baselines)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from search_rl.config.errors import ConfigError
+from search_rl.config.model import ModelConfig
+from search_rl.config.rollout import HFEngineConfig, RetrieverClientConfig, RolloutConfig
+from search_rl.config.run import RewardConfig
+
+BASELINES = ("search", "no_search", "naive_rag")
+"""Valid ``baseline`` values."""
+
+
+@dataclass
+class EvalDataConfig:
+    """What ``main_eval`` scores."""
+
+    files: list[str] = field(default_factory=lambda: ["data/datasets/nq_hotpotqa_mini/test.parquet"])
+    """Parquet files of Search-R1 rows."""
+    max_samples: int | None = None
+    """Score a fixed, seeded subset of this many rows (``null`` = every row)."""
+    seed: int = 0
+    """Seed of that subset."""
+
+
+@dataclass
+class EvalRolloutConfig(RolloutConfig):
+    """The search loop of evaluation (decoding is always greedy) and its HF engine, under the same key paths as in
+    training: ``actor_rollout_ref.rollout.*`` and ``actor_rollout_ref.rollout.hf.*``."""
+
+    hf: HFEngineConfig = field(default_factory=HFEngineConfig)
+    """HF engine settings."""
+
+
+@dataclass
+class EvalActorRolloutRefConfig:
+    """``actor_rollout_ref`` of evaluation: only its rollout."""
+
+    rollout: EvalRolloutConfig = field(default_factory=lambda: EvalRolloutConfig(greedy=True))
+    """The search loop; decoding is always greedy."""
+
+
+@dataclass
+class EvalConfig:
+    """The root of ``configs/eval.yaml``."""
+
+    do_search: bool = True
+    """Execute ``<search>`` actions (``search`` baseline only)."""
+    max_turns: int = 4
+    """Search turns per episode (``search`` baseline only)."""
+    baseline: str = "search"
+    """``search`` (the rows' prompts, with search), ``no_search`` (closed book) or ``naive_rag`` (top-k passages of
+    the question inlined in the prompt, no search)."""
+    rag_topk: int = 3
+    """Passages inlined by ``naive_rag``."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Model to evaluate: a base model or a checkpoint's ``actor/`` folder."""
+    data: EvalDataConfig = field(default_factory=EvalDataConfig)
+    """Rows to score."""
+    actor_rollout_ref: EvalActorRolloutRefConfig = field(default_factory=EvalActorRolloutRefConfig)
+    """The search loop (``actor_rollout_ref.rollout``) and its engine (``actor_rollout_ref.rollout.hf``)."""
+    retriever: RetrieverClientConfig = field(default_factory=RetrieverClientConfig)
+    """The retriever service (``search`` and ``naive_rag``)."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Scoring per data source."""
+    batch_size: int = 32
+    """Questions rolled out together."""
+    output_dir: str = "runs/eval"
+    """Where the run folder with ``metrics.json`` and ``trajectories.jsonl`` goes."""
+
+    def __post_init__(self) -> None:
+        if self.baseline not in BASELINES:
+            raise ConfigError(f"baseline must be one of {BASELINES}, got {self.baseline!r}")
+        if self.rag_topk < 1 or self.batch_size < 1:
+            raise ConfigError("rag_topk and batch_size must be >= 1")
+
+    @property
+    def rollout(self) -> EvalRolloutConfig:
+        """``actor_rollout_ref.rollout``."""
+        return self.actor_rollout_ref.rollout

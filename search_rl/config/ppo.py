@@ -1,0 +1,113 @@
+"""``PPOConfig``, the root of ``configs/ppo_trainer.yaml``, and ``PPOConfig.validate``: the cross-field checks that
+run before Ray starts. Key names follow Search-R1/verl where they exist (``do_search``, ``max_turns``,
+``actor_rollout_ref.rollout.n``, ``trainer.total_training_steps``, ...)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from search_rl.algorithms import estimator_needs
+from search_rl.config.algorithm import AlgorithmConfig
+from search_rl.config.errors import ConfigError
+from search_rl.config.model import ModelConfig, check_trainable_dtype
+from search_rl.config.roles import ActorRolloutRefConfig, CriticConfig
+from search_rl.config.rollout import RetrieverClientConfig
+from search_rl.config.run import DataConfig, RewardConfig, TrainerConfig
+
+DEFAULT_GROUP_SIZE = 4
+"""``rollout.n`` when it is left ``null`` and the estimator compares samples of a prompt."""
+
+
+@dataclass
+class PPOConfig:
+    """The root of ``configs/ppo_trainer.yaml``."""
+
+    do_search: bool = True
+    """Execute ``<search>`` actions against the retriever (Search-R1's key)."""
+    max_turns: int = 4
+    """Search turns per episode, then one final answer turn (Search-R1's key)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The starting policy."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Training and validation data."""
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    """Policy update, rollout and reference."""
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """Value model."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Advantage estimator, losses, KL (``docs/algorithms.md``)."""
+    retriever: RetrieverClientConfig = field(default_factory=RetrieverClientConfig)
+    """The retriever service the rollout queries."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Scoring functions per data source."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """The loop, checkpoints, workers and logging."""
+
+    def __post_init__(self) -> None:
+        check_trainable_dtype(self.model)
+        rollout, needs = self.actor_rollout_ref.rollout, estimator_needs(self.algorithm.adv_estimator)
+        if rollout.n is None:
+            rollout.n = DEFAULT_GROUP_SIZE if needs.groups else 1
+        if self.critic.enable is None:
+            self.critic.enable = needs.critic
+
+    @property
+    def n_samples(self) -> int:
+        """Samples per prompt (``rollout.n`` once resolved)."""
+        return int(self.actor_rollout_ref.rollout.n or 1)
+
+    @property
+    def use_critic(self) -> bool:
+        return bool(self.critic.enable)
+
+    @property
+    def use_reference(self) -> bool:
+        """A reference policy is needed for the KL loss or the KL-in-reward penalty."""
+        return self.algorithm.use_kl_loss or self.algorithm.use_kl_in_reward
+
+    @property
+    def needs_greedy_baseline(self) -> bool:
+        return estimator_needs(self.algorithm.adv_estimator).greedy_baseline
+
+    def validate(self, max_model_len: int) -> None:
+        """Cross-field checks that need no Ray and no model weights (only the model's context length).
+
+        Raises:
+            ConfigError: with the keys involved and how to fix them.
+        """
+        try:
+            self.actor_rollout_ref.rollout.validate(max_model_len)
+        except ValueError as e:
+            raise ConfigError(f"impossible length budget: {e}") from e
+        self._validate_batches()
+        algo, n = self.algorithm, self.n_samples
+        needs = estimator_needs(algo.adv_estimator)
+        if needs.groups and n < 2:
+            raise ConfigError(
+                f"algorithm.adv_estimator={algo.adv_estimator} compares the samples of each prompt, but "
+                f"actor_rollout_ref.rollout.n={n}; set it to 2 or more (Search-R1 uses 5)"
+            )
+        if needs.critic and not self.use_critic:
+            raise ConfigError(f"algorithm.adv_estimator={algo.adv_estimator} needs a critic; set critic.enable=true")
+        if self.trainer.test_freq > 0 and not self.data.val_files:
+            raise ConfigError("trainer.test_freq > 0 but data.val_files is empty; add files or set test_freq=0")
+
+    def _validate_batches(self) -> None:
+        n, workers = self.n_samples, self.trainer.n_workers
+        batch = self.data.train_batch_size
+        for role, mini in (
+            ("actor_rollout_ref.actor", self.actor_rollout_ref.actor.ppo_mini_batch_size),
+            ("critic", self.critic.ppo_mini_batch_size),
+        ):
+            if role == "critic" and not self.use_critic:
+                continue
+            if batch % mini:
+                raise ConfigError(
+                    f"data.train_batch_size={batch} is not a multiple of {role}.ppo_mini_batch_size={mini}; "
+                    "every optimizer step must see a full mini-batch"
+                )
+            if (mini * n) % workers:
+                raise ConfigError(
+                    f"{role}.ppo_mini_batch_size={mini} x rollout.n={n} = {mini * n} samples cannot be split evenly "
+                    f"over trainer.n_workers={workers}; change one of them"
+                )

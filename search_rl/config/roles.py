@@ -1,0 +1,85 @@
+"""How each model of the run is updated: the actor (policy), the reference, the critic."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from search_rl.config.errors import ConfigError
+from search_rl.config.model import OptimConfig
+from search_rl.config.rollout import TrainRolloutConfig
+
+
+@dataclass
+class ActorConfig:
+    """How the policy is updated on a batch (verl's ``actor_rollout_ref.actor``)."""
+
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer of the policy."""
+    ppo_mini_batch_size: int = 2
+    """Prompts per optimizer step (each with its ``rollout.n`` samples), summed over all workers."""
+    ppo_micro_batch_size_per_gpu: int = 1
+    """Samples per forward/backward pass on one worker; gradients accumulate over a mini-batch."""
+    ppo_epochs: int = 1
+    """Passes over each batch."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value (0 = no clipping)."""
+    shuffle: bool = True
+    """Shuffle samples before splitting into mini-batches (seeded by step and epoch, so resumes reproduce it)."""
+
+    def __post_init__(self) -> None:
+        for name in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"actor_rollout_ref.actor.{name} must be >= 1, got {getattr(self, name)}")
+        if self.grad_clip < 0:
+            raise ConfigError(f"actor_rollout_ref.actor.grad_clip must be >= 0, got {self.grad_clip}")
+
+
+@dataclass
+class RefConfig:
+    """The frozen reference policy (the starting weights), used for the KL terms."""
+
+    log_prob_micro_batch_size_per_gpu: int = 2
+    """Samples per forward pass of the reference model."""
+
+    def __post_init__(self) -> None:
+        if self.log_prob_micro_batch_size_per_gpu < 1:
+            raise ConfigError("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu must be >= 1")
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    """The worker that holds the policy, its generation engine and the reference policy."""
+
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    """Policy updates."""
+    rollout: TrainRolloutConfig = field(default_factory=TrainRolloutConfig)
+    """Generation with search."""
+    ref: RefConfig = field(default_factory=RefConfig)
+    """Reference log-probs."""
+
+
+@dataclass
+class CriticConfig:
+    """The value model: the policy's backbone with a scalar head (used by ``gae``)."""
+
+    enable: bool | None = None
+    """Train a critic; ``null`` = exactly when the advantage estimator reads values (``gae``)."""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    """Optimizer of the critic."""
+    ppo_mini_batch_size: int = 2
+    """Prompts per critic optimizer step (each with its ``rollout.n`` samples), summed over all workers."""
+    ppo_micro_batch_size_per_gpu: int = 1
+    """Samples per forward/backward pass on one worker."""
+    forward_micro_batch_size_per_gpu: int = 2
+    """Samples per forward pass when computing values."""
+    ppo_epochs: int = 1
+    """Passes over each batch."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value (0 = no clipping)."""
+
+    def __post_init__(self) -> None:
+        for name in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "forward_micro_batch_size_per_gpu"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"critic.{name} must be >= 1, got {getattr(self, name)}")
+        if self.ppo_epochs < 1 or self.grad_clip < 0:
+            raise ConfigError("critic.ppo_epochs must be >= 1 and critic.grad_clip >= 0")
