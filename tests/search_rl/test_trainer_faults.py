@@ -154,7 +154,7 @@ KILLED_AFTER_COMMIT = textwrap.dedent(
     import os, signal, sys
     from search_rl.checkpoint import CheckpointManager
     from search_rl.main_ppo import build_trainer, build_workers, prepare
-    from search_rl.train_config import load_config
+    from search_rl.config import load_config
 
     commit = CheckpointManager._commit
 
