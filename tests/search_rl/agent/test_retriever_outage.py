@@ -49,10 +49,14 @@ def test_default_retry_window_outlasts_a_restart(server_env, tmp_path):
             server.start()
             restarted.set()
 
-        threading.Thread(target=restart, daemon=True).start()
+        restarter = threading.Thread(target=restart, daemon=True)
+        restarter.start()
         start = time.monotonic()
-        results = asyncio.run(client.search(["Deadpool 2", "Nobel Prize"]))
-        elapsed = time.monotonic() - start
+        try:
+            results = asyncio.run(client.search(["Deadpool 2", "Nobel Prize"]))
+        finally:
+            elapsed = time.monotonic() - start
+            restarter.join()  # so that a failed search does not leave the restarted server running
     finally:
         server.stop()
     assert restarted.is_set() and elapsed > RESTART_PAUSE_S
