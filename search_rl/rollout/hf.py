@@ -204,7 +204,7 @@ class HFEngine:
         """Keep a finished row's KV states (its real, non-padding columns) for the next call."""
         keep = attention[row].bool()
         assert int(keep.sum()) == len(fed), "KV columns and fed tokens must match"
-        kv = [(layer.keys[row][:, keep], layer.values[row][:, keep]) for layer in cache.layers]
+        kv = [(layer.keys[row][:, keep], layer.values[row][:, keep]) for layer in cache.layers]  # type: ignore[union-attr,index]
         self.prefix.add(fed, kv)
 
     def _forward(

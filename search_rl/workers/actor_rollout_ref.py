@@ -104,7 +104,8 @@ class ActorRolloutRefWorker:
         self.policy = load_model(model.path, dtype=torch.float32, seed=model.seed)
         if model.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable()
-        frozen = copy.deepcopy(self.policy).requires_grad_(False).to(self.compute_dtype)
+        frozen = copy.deepcopy(self.policy).requires_grad_(False)
+        torch.nn.Module.to(frozen, dtype=self.compute_dtype)  # in place; transformers' typed wrapper confuses mypy
         self.reference = frozen if ref is not None else None
         # The engine's own full copy (the policy's shards cannot generate alone); vLLM loads an export instead.
         self.engine_model = copy.deepcopy(frozen) if rollout.engine == "hf" else None
@@ -143,7 +144,8 @@ class ActorRolloutRefWorker:
                 seed=self.spec.seed + self.spec.rank,
             )
         assert self.engine_model is not None
-        return HFEngine(self.engine_model.to(self.spec.torch_device), self.tokenizer, cfg.hf)
+        torch.nn.Module.to(self.engine_model, self.spec.torch_device)  # in place
+        return HFEngine(self.engine_model, self.tokenizer, cfg.hf)
 
     def export_for_engine(self, directory: str) -> Path:
         """Write the current policy as an HF folder in the compute dtype (for engines that load from disk, vLLM),

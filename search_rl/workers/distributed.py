@@ -215,7 +215,8 @@ def full_state_dict(model: nn.Module, *, rank0_only: bool = False) -> dict[str, 
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=rank0_only)
-    return dict(get_model_state_dict(model, options=options))
+    state = get_model_state_dict(model, options=options)
+    return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
 
 
 def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
@@ -237,7 +238,8 @@ def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> No
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or unexpected:
         raise ValueError(f"checkpoint does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=True))
+    full: dict[str, Any] = state
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, strict=True))
 
 
 # --- collectives ------------------------------------------------------------------------------------------------

@@ -124,7 +124,7 @@ class TrainableModel:
         else:  # a NaN/inf gradient would poison the weights and the Adam moments for good
             out[f"{self.prefix}/skipped_steps"] = 1.0
         self.optimizer.zero_grad(set_to_none=True)
-        out[f"{self.prefix}/lr"] = self.scheduler.get_last_lr()[0]
+        out[f"{self.prefix}/lr"] = float(self.scheduler.get_last_lr()[0])
         self.scheduler.step()
         out[f"{self.prefix}/grad_norm"] = grad_norm
         return out
