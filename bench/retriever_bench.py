@@ -29,24 +29,49 @@ from retriever_server.corpus import load_corpus
 from retriever_server.launcher import RetrieverProcess
 from retriever_server.settings import Settings
 
-RAW = Path(__file__).resolve().parents[2] / "shared" / "data" / "raw"
+SHIPPED_SPLITS = [
+    Path(__file__).resolve().parents[1] / "data" / "datasets" / "nq_hotpotqa_mini" / f"{s}.parquet"
+    for s in ("train", "test")
+]
+"""Default question source: the shipped splits (2,355 NQ + 500 HotpotQA questions)."""
 
 
-def load_questions(seed: int, kind: str = "nq") -> list[str]:
-    """Distinct real questions, shuffled: NQ-open (short, like Search-R1's NQ rollouts) or NQ + HotpotQA (mixed)."""
+def load_questions(seed: int, kind: str = "nq", raw: Path | None = None) -> list[str]:
+    """Distinct real questions, shuffled: NQ (short, like Search-R1's NQ rollouts) or NQ + HotpotQA (mixed). From the
+    shipped splits by default; ``raw`` (a maintainer's raw snapshot, e.g. ``../shared/data/raw``) gives the larger
+    NQ-open sets used for the figures recorded before 2026-11-23."""
     qs: list[str] = []
-    nq = RAW / "google-research-datasets__natural-questions"
-    for name in ("NQ-open.dev.jsonl", "NQ-open.efficientqa.dev.1.1.jsonl", "NQ-open.efficientqa.test.1.1.jsonl"):
-        with open(nq / name) as f:
+    if raw is None:
+        import pandas as pd
+
+        for path in SHIPPED_SPLITS:
+            rows = pd.read_parquet(path, columns=["data_source", "question"])
+            qs += [
+                q
+                for q, src in zip(rows["question"], rows["data_source"], strict=True)
+                if kind == "mixed" or src == "nq"
+            ]
+    else:
+        nq = raw / "google-research-datasets__natural-questions"
+        for name in ("NQ-open.dev.jsonl", "NQ-open.efficientqa.dev.1.1.jsonl", "NQ-open.efficientqa.test.1.1.jsonl"):
+            with open(nq / name) as f:
+                qs += [json.loads(line)["question"] for line in f]
+        with gzip.open(raw / "nelson-liu__lost-in-the-middle" / "nq-open-oracle.jsonl.gz", "rt") as f:
             qs += [json.loads(line)["question"] for line in f]
-    with gzip.open(RAW / "nelson-liu__lost-in-the-middle" / "nq-open-oracle.jsonl.gz", "rt") as f:
-        qs += [json.loads(line)["question"] for line in f]
-    if kind == "mixed":
-        hotpot = json.loads((RAW / "ysymyth__ReAct" / "hotpot_dev_v1_simplified.json").read_text())
-        qs += [r["question"] for r in hotpot]
+        if kind == "mixed":
+            hotpot = json.loads((raw / "ysymyth__ReAct" / "hotpot_dev_v1_simplified.json").read_text())
+            qs += [r["question"] for r in hotpot]
     unique = sorted(set(q.strip() for q in qs if q.strip()))
     random.Random(seed).shuffle(unique)
     return unique
+
+
+def enough(questions: list[str], n: int) -> list[str]:
+    """``n`` questions: the distinct ones, repeated in order when more are needed (the bench's own server runs with
+    its cache off, so a repeat costs what a new question costs; against ``--url`` a cache would see repeats)."""
+    if n > len(questions):
+        print(f"note: {n} questions needed, {len(questions)} distinct; repeating them (pass --raw for more)")
+    return [questions[i % len(questions)] for i in range(n)]
 
 
 def cache_hits(url: str) -> float:
@@ -135,10 +160,12 @@ def main() -> None:
     ap.add_argument("--inprocess-queries", type=int, default=2048)
     ap.add_argument("--seed", type=int, default=int(time.time()))
     ap.add_argument("--questions", choices=["nq", "mixed"], default="nq", help="nq, or nq + HotpotQA (longer)")
+    ap.add_argument("--raw", type=Path, default=None, help="a raw data snapshot for more questions (maintainers)")
     args = ap.parse_args()
 
-    questions = load_questions(args.seed, args.questions)
     per_level = args.requests_per_client * (len(args.concurrency) if len(args.requests_per_client) == 1 else 1)
+    total = sum(c * r * args.queries_per_request for c, r in zip(args.concurrency, per_level, strict=True))
+    questions = enough(load_questions(args.seed, args.questions, args.raw), total + args.inprocess_queries)
     server = None
     if args.url is None:
         server = RetrieverProcess(env={"RETRIEVER_CACHE_SIZE": "0"}, ready_timeout_s=1800)
