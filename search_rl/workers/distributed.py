@@ -245,22 +245,22 @@ def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> No
 # --- collectives ------------------------------------------------------------------------------------------------
 
 
-def all_reduce_sum(value: float, spec: WorkerSpec) -> float:
-    """Sum of a scalar over the group."""
+def _all_reduce_scalar(value: float, spec: WorkerSpec, op: dist.ReduceOp.RedOpType, dtype: torch.dtype) -> float:
     if spec.world_size == 1:
         return value
-    t = torch.tensor([value], dtype=torch.float64, device=spec.torch_device)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    t = torch.tensor([value], dtype=dtype, device=spec.torch_device)
+    dist.all_reduce(t, op=op)
     return float(t.item())
+
+
+def all_reduce_sum(value: float, spec: WorkerSpec) -> float:
+    """Sum of a scalar over the group."""
+    return _all_reduce_scalar(value, spec, dist.ReduceOp.SUM, torch.float64)
 
 
 def all_reduce_max(value: int, spec: WorkerSpec) -> int:
     """Largest integer over the group."""
-    if spec.world_size == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.int64, device=spec.torch_device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
+    return int(_all_reduce_scalar(value, spec, dist.ReduceOp.MAX, torch.int64))
 
 
 def matched_passes(parts: Sequence[T], spec: WorkerSpec) -> Iterator[tuple[T, bool]]:
