@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import random
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -52,6 +53,17 @@ class Workers(Protocol):
 class RetrieverOutage(RuntimeError):
     """Most searches of a training step failed (``on_retriever_error=observe``): the run stops rather than train on
     error observations."""
+
+
+@dataclass
+class Collected:
+    """A step's scored rollouts: the prompts (one row per sample), their trajectories and rewards, and the
+    collated batch (``token_level_scores`` placed)."""
+
+    prompts: PromptBatch
+    trajectories: list[Trajectory]
+    results: list[RewardResult]
+    batch: TrainBatch
 
 
 def _step_seed(seed: int, step: int, salt: int = 0) -> int:
@@ -115,34 +127,47 @@ class PPOTrainer:
         return self.tracker.history
 
     def train_step(self) -> dict[str, float]:
-        """One step: rollout → reward → log-probs → values → advantages → updates → weight sync → dump."""
+        """One step: collect a scored batch (``collect``), then learn from it (``learn``)."""
         m: dict[str, float] = {}
         with timer("step", m):
-            prompts = self.train_data.next_batch()
-            with timer("rollout", m):
-                trajectories = self.generate(prompts, m)
-            with timer("reward", m):
-                batch, results = self.score(prompts, trajectories, m)
-            with timer("old_log_prob", m):
-                batch = self.compute_old_logprobs(batch, m)
-            if self.settings.use_reference:
-                with timer("ref_log_prob", m):
-                    batch = self.compute_ref_logprobs(batch)
-            if self.critic is not None:
-                with timer("values", m):
-                    batch = self.compute_values(batch)
-            with timer("advantages", m):
-                batch = self.compute_advantages(batch, prompts, m)
-            if self.critic is not None:
-                with timer("update_critic", m):
-                    m.update(self.update_critic(batch))
-            with timer("update_actor", m):
-                m.update(self.update_actor(batch))
-            with timer("sync_weights", m):
-                self.sync_weights()
-            self.dump("train", prompts, trajectories, results, batch, batch.meta.weight_version)
+            collected = self.collect(m)
+            batch = self.learn(collected, m)
+            self.dump(
+                "train", collected.prompts, collected.trajectories, collected.results, batch, batch.meta.weight_version
+            )
         self._throughput(m, batch)
         return m
+
+    def collect(self, m: dict[str, float]) -> Collected:
+        """The step's training data: the next prompts, rolled out with search and scored."""
+        prompts = self.train_data.next_batch()
+        with timer("rollout", m):
+            trajectories = self.generate(prompts, m)
+        with timer("reward", m):
+            batch, results = self.score(prompts, trajectories, m)
+        return Collected(prompts, trajectories, results, batch)
+
+    def learn(self, collected: Collected, m: dict[str, float]) -> TrainBatch:
+        """Log-probs → values → advantages → critic and actor updates → weight sync; returns the trained batch."""
+        batch, prompts = collected.batch, collected.prompts
+        with timer("old_log_prob", m):
+            batch = self.compute_old_logprobs(batch, m)
+        if self.settings.use_reference:
+            with timer("ref_log_prob", m):
+                batch = self.compute_ref_logprobs(batch)
+        if self.critic is not None:
+            with timer("values", m):
+                batch = self.compute_values(batch)
+        with timer("advantages", m):
+            batch = self.compute_advantages(batch, prompts, m)
+        if self.critic is not None:
+            with timer("update_critic", m):
+                m.update(self.update_critic(batch))
+        with timer("update_actor", m):
+            m.update(self.update_actor(batch))
+        with timer("sync_weights", m):
+            self.sync_weights()
+        return batch
 
     # --- phases ------------------------------------------------------------------------------------------------
 
