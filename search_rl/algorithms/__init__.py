@@ -14,6 +14,7 @@ from search_rl.algorithms.advantages import (
     estimator_needs,
     requires,
 )
+from search_rl.algorithms.gspo import compute_gspo_loss, sequence_log_ratio
 from search_rl.algorithms.kl_control import (
     AdaptiveKLController,
     FixedKLController,
@@ -50,10 +51,12 @@ __all__ = [
     "compute_actor_loss",
     "compute_discounted_returns",
     "compute_gae",
+    "compute_gspo_loss",
     "compute_value_loss",
     "entropy_from_logits",
     "estimate_kl",
     "estimator_needs",
     "loss_mask_for",
     "requires",
+    "sequence_log_ratio",
 ]
