@@ -24,10 +24,24 @@ class ModelConfig:
     """Initialisation seed of the ``tiny`` model."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, about 30% more compute)."""
+    lora_rank: int = 0
+    """LoRA adapter rank (``peft``); 0 = full fine-tuning. With adapters the base stays frozen, the reference is the
+    base with adapters disabled (no second copy), and checkpoints hold the adapters plus a merged model."""
+    lora_alpha: float = 16.0
+    """LoRA scaling numerator: the adapted weight is ``W + lora_alpha / lora_rank * B @ A``."""
+    lora_target_modules: str = "all-linear"
+    """Layers that get adapters: ``all-linear`` (every linear layer except the output head) or comma-separated
+    module names such as ``q_proj,k_proj,v_proj,o_proj``."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ConfigError(f"model.dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.lora_rank < 0:
+            raise ConfigError(f"model.lora_rank must be >= 0 (0 = full fine-tuning), got {self.lora_rank}")
+        if self.lora_rank and self.lora_alpha <= 0:
+            raise ConfigError(f"model.lora_alpha must be > 0, got {self.lora_alpha}")
+        if self.lora_rank and not self.lora_target_modules.strip(" ,"):
+            raise ConfigError("model.lora_target_modules is empty: name modules or use all-linear")
 
 
 def check_trainable_dtype(model: ModelConfig) -> None:

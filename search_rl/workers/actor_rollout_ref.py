@@ -40,6 +40,15 @@ from search_rl.config import (
 )
 from search_rl.datatypes import RolloutResult
 from search_rl.models import dtype_of, load_model, load_tokenizer
+from search_rl.models.lora import (
+    ADAPTER_DIR,
+    adapter_state_dict,
+    apply_lora,
+    load_adapters,
+    lora_scaling,
+    merged_state_dict,
+    reference_forward,
+)
 from search_rl.models.weights import save_hf_folder, tensor_aliases, without_aliases
 from search_rl.protocol import PromptBatch, TrainBatch
 from search_rl.rollout.base import RolloutEngine
@@ -101,16 +110,27 @@ class ActorRolloutRefWorker:
         self.tokenizer = load_tokenizer(model.path)
         self.compute_dtype = dtype_of(model.dtype)
         # The master copy is fp32 whatever the compute dtype: AdamW's small steps vanish in bf16 weights.
-        self.policy = load_model(model.path, dtype=torch.float32, seed=model.seed)
+        base = load_model(model.path, dtype=torch.float32, seed=model.seed)
+        self.model_config = base.config
+        self.aliases: dict[str, str] = tensor_aliases(base)  # plain names (before any adapter prefixes)
+        frozen = copy.deepcopy(base).requires_grad_(False)
+        torch.nn.Module.to(frozen, dtype=self.compute_dtype)  # in place; transformers' typed wrapper confuses mypy
+        self.lora_scaling: float | None = None
+        if model.lora_rank:  # adapters on a frozen base; the base with adapters disabled is the reference
+            self.policy = apply_lora(base, model.lora_rank, model.lora_alpha, model.lora_target_modules)
+            self.lora_scaling = lora_scaling(self.policy)
+            self.reference = None
+        else:
+            self.policy = base
+            self.reference = frozen if ref is not None else None
         if model.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable()
-        frozen = copy.deepcopy(self.policy).requires_grad_(False)
-        torch.nn.Module.to(frozen, dtype=self.compute_dtype)  # in place; transformers' typed wrapper confuses mypy
-        self.reference = frozen if ref is not None else None
+            if model.lora_rank:  # the frozen embeddings' output must carry grad for checkpointed blocks
+                self.policy.enable_input_require_grads()
         # The engine's own full copy (the policy's shards cannot generate alone); vLLM loads an export instead.
-        self.engine_model = copy.deepcopy(frozen) if rollout.engine == "hf" else None
+        hf_engine = rollout.engine == "hf"
+        self.engine_model = (copy.deepcopy(frozen) if self.reference is not None else frozen) if hf_engine else None
         self.module: torch.nn.Module = self.policy
-        self.aliases: dict[str, str] = tensor_aliases(self.policy)
         self.trainable: TrainableModel | None = None
         self.engine: RolloutEngine | None = None
         self.manager: LLMGenerationManager | None = None
@@ -150,11 +170,11 @@ class ActorRolloutRefWorker:
     def export_for_engine(self, directory: str) -> Path:
         """Write the current policy as an HF folder in the compute dtype (for engines that load from disk, vLLM),
         from the gathered full state dict: every rank must call it; each writes its own ``directory``."""
-        state = D.full_state_dict(self.module)
+        state = self._plain_state(D.full_state_dict(self.module))
         return save_hf_folder(
             directory,
             state,
-            self.policy.config,
+            self.model_config,
             aliases=self.aliases,
             tokenizer=self.tokenizer,
             dtype=self.compute_dtype,
@@ -178,10 +198,14 @@ class ActorRolloutRefWorker:
         """Load the trained weights into the rollout engine and record ``version``; returns the engine's version.
         Every rank must call it (the weights are gathered from the shards)."""
         assert self.engine is not None
-        state = without_aliases(D.full_state_dict(self.module), self.aliases)
+        state = without_aliases(self._plain_state(D.full_state_dict(self.module)), self.aliases)
         self.engine.update_weights(((k, v.to(self.compute_dtype)) for k, v in state.items()), version)
         del state
         return self.engine.weight_version
+
+    def _plain_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The base architecture's state dict: adapters merged in (``W + alpha/r * B @ A``) when training LoRA."""
+        return merged_state_dict(state, self.lora_scaling) if self.lora_scaling is not None else state
 
     # --- log-probs ---------------------------------------------------------------------------------------------
 
@@ -191,9 +215,13 @@ class ActorRolloutRefWorker:
 
     def compute_ref_log_prob(self, batch: TrainBatch) -> torch.Tensor:
         """Log-probs of the responses under the reference policy; (B, T)."""
-        if self.reference is None or self.ref_cfg is None:
+        if self.ref_cfg is None or (self.reference is None and self.lora_scaling is None):
             raise ValueError("compute_ref_log_prob: this worker has no reference model (no KL term is configured)")
-        return self._log_probs(self.reference, batch, self.ref_cfg.log_prob_micro_batch_size_per_gpu, False)[0]
+        micro = self.ref_cfg.log_prob_micro_batch_size_per_gpu
+        if self.reference is None:  # LoRA: the frozen base, adapters disabled
+            with reference_forward(self.policy):
+                return self._log_probs(self.module, batch, micro, False)[0]
+        return self._log_probs(self.reference, batch, micro, False)[0]
 
     def _log_probs(
         self, model: torch.nn.Module, batch: TrainBatch, micro: int, with_entropy: bool
@@ -278,15 +306,24 @@ class ActorRolloutRefWorker:
         state = D.full_state_dict(self.module, rank0_only=True)
         self.trainable.save_optimizer(path / "actor_optim.pt")
         if self.spec.rank == 0:
-            save_hf_folder(path / "actor", state, self.policy.config, aliases=self.aliases, tokenizer=self.tokenizer)
+            plain = self._plain_state(state)
+            save_hf_folder(path / "actor", plain, self.model_config, aliases=self.aliases, tokenizer=self.tokenizer)
+            if self.lora_scaling is not None:
+                self.policy.save_pretrained(path / ADAPTER_DIR, state_dict=adapter_state_dict(state))
 
     def load_checkpoint(self, directory: str) -> None:
-        """Load weights and optimizer state written by ``save_checkpoint`` (then the driver syncs the engine)."""
+        """Load weights and optimizer state written by ``save_checkpoint`` (then the driver syncs the engine): the
+        adapters on top of ``model.path`` when training LoRA, else the whole ``actor/`` model."""
         assert self.trainable is not None
         path = Path(directory)
-        saved = AutoModelForCausalLM.from_pretrained(path / "actor", dtype=torch.float32, local_files_only=True)
-        D.load_full_state_dict(self.module, saved.state_dict())
-        del saved
+        if self.lora_scaling is not None:
+            state = D.full_state_dict(self.module)  # the frozen base as it is, adapters replaced below
+            state.update(load_adapters(path / ADAPTER_DIR, state))
+            D.load_full_state_dict(self.module, state)
+        else:
+            saved = AutoModelForCausalLM.from_pretrained(path / "actor", dtype=torch.float32, local_files_only=True)
+            D.load_full_state_dict(self.module, saved.state_dict())
+            del saved
         self.trainable.load_optimizer(path / "actor_optim.pt")
 
     def peak_memory_mb(self) -> float:

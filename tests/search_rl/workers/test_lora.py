@@ -1,0 +1,83 @@
+"""LoRA adapters on the policy (``model.lora_rank``): only adapters train, the frozen base is the reference, the
+engine and checkpoints get merged weights, and a checkpoint's adapters resume exactly.
+
+Run: python -m pytest tests/search_rl/workers/test_lora.py -q
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from transformers import AutoModelForCausalLM
+from worker_factory import make_actor, whole
+
+from search_rl.models import build_tiny_model
+from search_rl.models.lora import ADAPTER_DIR, apply_lora, lora_scaling, merged_state_dict
+from search_rl.protocol import TrainBatch
+from search_rl.workers.forward import response_logprobs
+
+
+def _randomise_adapters(model: torch.nn.Module, seed: int = 0) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:  # B starts at 0 (the adapter is a no-op); make it do something
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+
+
+def test_merged_state_dict_equals_peft_merge_and_unload(tokenizer):
+    wrapped = apply_lora(build_tiny_model(tokenizer, seed=1), rank=4, alpha=8.0, target_modules="all-linear")
+    _randomise_adapters(wrapped)
+    ours = merged_state_dict(wrapped.state_dict(), lora_scaling(wrapped))
+    assert lora_scaling(wrapped) == 2.0
+    reference = copy.deepcopy(wrapped).merge_and_unload().state_dict()
+    assert set(ours) == set(reference)
+    changed = 0
+    base = build_tiny_model(tokenizer, seed=1).state_dict()
+    for name, tensor in reference.items():
+        torch.testing.assert_close(ours[name], tensor)
+        changed += int(not torch.equal(ours[name], base[name]))
+    assert changed >= 7 * 2, "every adapted linear layer (7 per decoder layer) should differ from the base"
+
+
+def _logprobs(model: torch.nn.Module, batch: TrainBatch) -> torch.Tensor:
+    with torch.no_grad():
+        return response_logprobs(model.eval(), batch, 1.0)[0]
+
+
+def test_lora_actor_trains_adapters_only_and_its_base_is_the_reference(rollout_batch, tmp_path):
+    worker = make_actor(micro=4, mini=4, lora_rank=4, lr=1e-2)
+    assert worker.reference is None, "with adapters the reference is the base, not a second copy"
+    worker.init_distributed("127.0.0.1", 0)
+    assert worker.trainable is not None
+    trained = {n for n, p in worker.module.named_parameters() if p.requires_grad}
+    assert trained and all(".lora_" in n for n in trained)
+    base_before = {n: whole(p) for n, p in worker.module.named_parameters() if not p.requires_grad}
+    ref_before = worker.compute_ref_log_prob(rollout_batch)
+
+    metrics = worker.update_actor(rollout_batch, step=1)
+    assert metrics["actor/grad_norm"] > 0
+    for name, p in worker.module.named_parameters():
+        if not p.requires_grad:
+            assert torch.equal(whole(p), base_before[name]), f"frozen {name} moved"
+    policy = worker.compute_log_prob(rollout_batch)[0]
+    mask = rollout_batch.response_mask.bool()
+    assert (policy - ref_before)[mask].abs().max() > 1e-3, "the update should move the policy"
+    torch.testing.assert_close(worker.compute_ref_log_prob(rollout_batch), ref_before)
+
+    # the engine gets the merged weights: its model computes what the adapted policy computes
+    assert worker.sync_weights(1) == 1
+    assert worker.engine_model is not None
+    torch.testing.assert_close(_logprobs(worker.engine_model, rollout_batch)[mask], policy[mask], atol=1e-4, rtol=1e-4)
+
+    # the checkpoint: a merged HF folder (what evaluation loads) and the adapters, which resume exactly
+    worker.save_checkpoint(str(tmp_path))
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "actor", dtype=torch.float32, local_files_only=True)
+    torch.testing.assert_close(_logprobs(merged, rollout_batch)[mask], policy[mask], atol=1e-4, rtol=1e-4)
+    assert (tmp_path / ADAPTER_DIR / "adapter_config.json").exists()
+    fresh = make_actor(micro=4, mini=4, lora_rank=4, lr=1e-2)
+    fresh.init_distributed("127.0.0.1", 0)
+    fresh.load_checkpoint(str(tmp_path))
+    torch.testing.assert_close(fresh.compute_log_prob(rollout_batch)[0], policy)
+    torch.testing.assert_close(fresh.compute_ref_log_prob(rollout_batch), ref_before)
