@@ -261,6 +261,31 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return -(log_probs.exp() * log_probs).sum(-1)
 
 
+def truncated_is_weights(
+    old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, loss_mask: torch.Tensor, cap: float
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Truncated importance-sampling weights over the rollout/trainer mismatch (Yao et al. 2025, "Your efficient RL
+    framework secretly brings you off-policy RL training"): per token ``min(exp(old - rollout), cap)``, detached.
+
+    ``old_logprobs`` are the trainer's log-probs of the policy the update starts from, ``rollout_logprobs`` the
+    engine's, which differ when the engine computes differently (vLLM in bf16) or sampled with older weights
+    (asynchronous training). Scaling a token's advantage by its weight scales its policy-gradient term.
+
+    Returns:
+        ``((B, T) weights, metrics)``: ``actor/tis_weight_mean``, ``actor/tis_truncated_frac`` (tokens at the cap)
+        and ``actor/rollout_trainer_logprob_diff`` (mean absolute log-prob difference), over ``loss_mask``.
+    """
+    log_ratio = (old_logprobs - rollout_logprobs).detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (B, T)
+    ratio = log_ratio.exp()
+    weights = ratio.clamp(max=cap)
+    metrics = {
+        "actor/tis_weight_mean": masked_mean(weights, loss_mask).item(),
+        "actor/tis_truncated_frac": masked_mean((ratio > cap).float(), loss_mask).item(),
+        "actor/rollout_trainer_logprob_diff": masked_mean(log_ratio.abs(), loss_mask).item(),
+    }
+    return weights, metrics
+
+
 def compute_actor_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -270,6 +295,7 @@ def compute_actor_loss(
     *,
     entropy: torch.Tensor | None = None,
     ref_logprobs: torch.Tensor | None = None,
+    rollout_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The full actor objective: ``policy_loss - entropy_coeff * entropy + kl_loss_coef * KL(policy || ref)``.
 
@@ -285,14 +311,24 @@ def compute_actor_loss(
         entropy: (B, T) per-token entropy (``entropy_from_logits``); needed when ``cfg.entropy_coeff > 0``,
             logged as ``actor/entropy`` whenever given.
         ref_logprobs: (B, T) reference-policy log-probs; needed when ``cfg.use_kl_loss``.
+        rollout_logprobs: (B, T) the engine's sampling log-probs; needed when ``cfg.tis_cap > 0``: the advantages
+            are then scaled by ``truncated_is_weights`` (the policy losses are positively homogeneous in them).
 
     Returns:
-        ``(loss, metrics)``: the policy loss's metrics plus ``actor/entropy``, ``actor/kl_loss``, ``actor/loss``.
+        ``(loss, metrics)``: the policy loss's metrics plus ``actor/entropy``, ``actor/kl_loss``, ``actor/loss``
+        and, with TIS, ``actor/tis_*``.
 
     Raises:
         ValueError: when a term the config asks for has no input.
     """
+    tis_metrics: dict[str, float] = {}
+    if cfg.tis_cap > 0:
+        if rollout_logprobs is None:
+            raise ValueError("algorithm.tis_cap > 0 but no rollout_logprobs were given (the engine's log-probs)")
+        weights, tis_metrics = truncated_is_weights(old_logprobs, rollout_logprobs, loss_mask, cfg.tis_cap)
+        advantages = advantages * weights
     loss, metrics = POLICY_LOSSES.get(cfg.policy_loss)(logprobs, old_logprobs, advantages, loss_mask, cfg)
+    metrics.update(tis_metrics)
     if cfg.entropy_coeff > 0 and entropy is None:
         raise ValueError("algorithm.entropy_coeff > 0 but no entropy was given; pass entropy_from_logits(logits)")
     if entropy is not None:

@@ -8,6 +8,9 @@ from search_rl.config.errors import ConfigError
 from search_rl.config.model import OptimConfig
 from search_rl.config.rollout import TrainRolloutConfig
 
+OLD_LOGPROB_SOURCES = ("auto", "recompute", "rollout")
+"""Valid ``actor_rollout_ref.actor.old_logprobs`` values."""
+
 
 @dataclass
 class ActorConfig:
@@ -25,11 +28,20 @@ class ActorConfig:
     """Clip the global gradient norm to this value (0 = no clipping)."""
     shuffle: bool = True
     """Shuffle samples before splitting into mini-batches (seeded by step and epoch, so resumes reproduce it)."""
+    old_logprobs: str = "auto"
+    """Where the PPO ratio's old log-probs come from: ``recompute`` (a forward pass before the update),
+    ``rollout`` (the engine's sampling log-probs) or ``auto``: no pass when the update is exactly on-policy (one
+    mini-batch, one epoch, fresh weights: the ratio is 1, so the current log-probs, detached, serve), the engine's
+    when it computes as the trainer does (HF engine, float32), else recompute."""
 
     def __post_init__(self) -> None:
         for name in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"actor_rollout_ref.actor.{name} must be >= 1, got {getattr(self, name)}")
+        if self.old_logprobs not in OLD_LOGPROB_SOURCES:
+            raise ConfigError(
+                f"actor_rollout_ref.actor.old_logprobs must be one of {OLD_LOGPROB_SOURCES}, got {self.old_logprobs!r}"
+            )
         if self.grad_clip < 0:
             raise ConfigError(f"actor_rollout_ref.actor.grad_clip must be >= 0, got {self.grad_clip}")
 

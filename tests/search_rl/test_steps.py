@@ -20,6 +20,7 @@ from search_rl.steps import (
     compute_advantages,
     failed_search_mask,
     merge_rollout_metrics,
+    old_logprob_source,
     place_scores,
     search_failure_rate,
 )
@@ -127,3 +128,22 @@ def test_left_out_samples_get_no_loss_tokens_and_no_share_in_their_group():
     assert out.advantages[1].abs().sum() == 0
     # the group's baseline is the mean of the 3 kept samples (1/3), not of all 4 (1/2)
     assert out.advantages[0, 0].item() == pytest.approx(2 / 3) and out.advantages[2, 0].item() == pytest.approx(-1 / 3)
+
+
+@pytest.mark.parametrize(
+    ("mode", "fresh", "on_policy", "matches", "before", "expected"),
+    [
+        ("auto", True, True, False, False, "current"),  # one step over fresh weights: the ratio is 1
+        ("auto", True, True, True, True, "rollout"),  # the KL-in-reward needs them before the update
+        ("auto", True, False, True, False, "rollout"),  # several mini-batches, engine = trainer numerics
+        ("auto", True, False, False, False, "recompute"),  # vLLM / bf16
+        ("auto", False, True, True, False, "recompute"),  # a stale batch (asynchronous training)
+        ("recompute", True, True, True, False, "recompute"),
+        ("rollout", False, False, False, False, "rollout"),
+    ],
+)
+def test_old_logprob_source(mode, fresh, on_policy, matches, before, expected):
+    got = old_logprob_source(
+        mode, fresh=fresh, on_policy_update=on_policy, engine_matches_trainer=matches, needed_before_update=before
+    )
+    assert got == expected

@@ -55,3 +55,29 @@ def test_one_step_per_estimator(estimator, extra, tmp_path):
     assert m["rollout/searches_mean"] == 0 and m["rollout/turns_mean"] == 1  # search off: one answer turn
     assert "val/all/em" in m and ("critic/vf_loss" in m) == (estimator == "gae")
     assert actor.broadcast("sync_weights", 5) == [5]
+
+
+def _one_step(tmp_path, overrides: list[str]) -> dict[str, float]:
+    cfg = load_config(
+        [*BASE, "algorithm=grpo", "trainer.test_freq=0", f"trainer.default_local_dir={tmp_path}", *overrides]
+    )
+    actor, critic = build_workers(cfg, "cpu", local=True)
+    return dict(build_trainer(cfg, prepare(cfg), actor, critic).fit())[1]
+
+
+def test_skipped_old_logprob_pass_trains_exactly_as_the_recomputed_one(tmp_path):
+    # one mini-batch (ppo_mini_batch_size = train_batch_size = 2), one epoch: `auto` runs no old log-prob pass
+    skipped = _one_step(tmp_path / "auto", [])
+    recomputed = _one_step(tmp_path / "recompute", ["actor_rollout_ref.actor.old_logprobs=recompute"])
+    assert skipped["actor/old_logprobs_recomputed"] == 0 and recomputed["actor/old_logprobs_recomputed"] == 1
+    for key in ("actor/loss", "actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "actor/entropy"):
+        assert skipped[key] == pytest.approx(recomputed[key], rel=1e-4, abs=1e-6), key
+    # two mini-batches: the engine's log-probs (HF, float32) stand in for the recomputed ones
+    engine = _one_step(tmp_path / "engine", ["actor_rollout_ref.actor.ppo_mini_batch_size=1"])
+    again = _one_step(
+        tmp_path / "again",
+        ["actor_rollout_ref.actor.ppo_mini_batch_size=1", "actor_rollout_ref.actor.old_logprobs=recompute"],
+    )
+    assert engine["actor/old_logprobs_recomputed"] == 0
+    for key in ("actor/loss", "actor/grad_norm"):
+        assert engine[key] == pytest.approx(again[key], rel=1e-3, abs=1e-5), key

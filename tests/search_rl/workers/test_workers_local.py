@@ -106,3 +106,22 @@ def test_checkpoint_round_trip(rollout_batch, tmp_path):
     ma, mb = a.update_actor(rollout_batch, step=2), b.update_actor(rollout_batch, step=2)
     assert ma == mb
     assert b.sync_weights(2) == 2
+
+
+def test_on_policy_update_without_old_logprobs_gives_the_recomputed_gradient(rollout_batch):
+    # one mini-batch of the whole batch, one epoch: the update's own log-probs (detached) are the old ones
+    recomputed = _gradients(_actor(micro=2, mini=4), rollout_batch)
+    worker = _actor(micro=2, mini=4)
+    worker.init_distributed("127.0.0.1", 0)
+    trainable = worker.trainable
+    assert trainable is not None
+    captured: list[torch.Tensor] = []
+    trainable.optimizer.register_step_pre_hook(lambda *_: captured.extend(whole(p.grad) for p in trainable.params))
+    worker.update_actor(rollout_batch.replace(old_logprobs=None), step=1, on_policy=True)
+    assert len(recomputed) == len(captured) > 0
+    for a, b in zip(recomputed, captured, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    two_steps = _actor(micro=2, mini=2)
+    two_steps.init_distributed("127.0.0.1", 0)
+    with pytest.raises(ValueError, match="one optimizer step over one epoch"):
+        two_steps.update_actor(rollout_batch.replace(old_logprobs=None), step=1, on_policy=True)
