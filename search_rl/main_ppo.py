@@ -24,16 +24,18 @@ from omegaconf import DictConfig
 from transformers import PreTrainedTokenizerBase
 
 from search_rl.agent.retriever_client import RetrieverClient
+from search_rl.async_rollout import AsyncRolloutSource, SourceSettings, WeightStore
 from search_rl.checkpoint import CheckpointManager
-from search_rl.config import CONFIG_DIR, PPOConfig, StepSettings, register_configs
+from search_rl.config import CONFIG_DIR, ConfigError, PPOConfig, StepSettings, register_configs
 from search_rl.data import PromptDataset, PromptLoader, read_rows
 from search_rl.launch import History, build_run_tracker, fit_with_workers, make_group, run_main, worker_specs
 from search_rl.models import load_tokenizer, model_context_length
 from search_rl.protocol import PromptBatch
 from search_rl.tracking import RolloutDumper, Tracker
-from search_rl.trainer import PPOTrainer, Workers
+from search_rl.trainer import PPOTrainer, RolloutSource, Workers, _step_seed
 from search_rl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from search_rl.workers.critic import CriticWorker
+from search_rl.workers.generator import GeneratorWorker
 
 logger = logging.getLogger("search_rl.main_ppo")
 
@@ -59,6 +61,7 @@ def prepare(cfg: PPOConfig, config_dict: dict[str, Any] | None = None) -> Prepar
     rollout = cfg.actor_rollout_ref.rollout
     tokenizer = load_tokenizer(cfg.model.path)
     cfg.validate(rollout.hf.max_model_len or model_context_length(cfg.model.path, tokenizer))
+    check_mode(cfg)
     if rollout.do_search and rollout.max_turns > 0:
         RetrieverClient(cfg.retriever).check_reachable()
     train = PromptDataset(
@@ -80,7 +83,8 @@ def build_workers(cfg: PPOConfig, device: str, local: bool = False) -> tuple[Wor
     ``local=True`` builds one in-process worker each (no Ray; ``trainer.n_workers`` must be 1).
     """
     t = cfg.trainer
-    specs = worker_specs(t, device, n_groups=2 if cfg.use_critic else 1)
+    generators = t.n_generators if t.mode != "sync" else 0  # they share the cores too
+    specs = worker_specs(t, device, n_groups=(2 if cfg.use_critic else 1) + generators)
     arr = cfg.actor_rollout_ref
     actor_kwargs = dict(
         model=cfg.model,
@@ -99,7 +103,74 @@ def build_workers(cfg: PPOConfig, device: str, local: bool = False) -> tuple[Wor
     return groups[0], (groups[1] if cfg.use_critic else None)
 
 
-def build_trainer(cfg: PPOConfig, prepared: Prepared, actor: Workers, critic: Workers | None) -> PPOTrainer:
+def check_mode(cfg: PPOConfig) -> None:
+    """What ``trainer.mode`` one_step_off / async cannot be combined with.
+
+    Raises:
+        ConfigError: dynamic sampling (it re-rolls inside the lock-step ``collect``).
+    """
+    filter_groups = getattr(cfg.algorithm, "filter_groups", None)
+    if cfg.trainer.mode != "sync" and filter_groups is not None and filter_groups.enable:
+        raise ConfigError(
+            "algorithm.filter_groups.enable=true rolls out more prompts inside the lock-step step; it does not "
+            f"combine with trainer.mode={cfg.trainer.mode} (use trainer.mode=sync)"
+        )
+
+
+def source_settings(cfg: PPOConfig) -> SourceSettings:
+    """The coordinator's schedule: ``one_step_off`` is one batch in flight, one version stale; ``async`` takes
+    ``trainer.max_staleness`` and ``trainer.max_queue_batches``."""
+    t, per_step = cfg.trainer, cfg.data.train_batch_size
+    one_off = t.mode == "one_step_off"
+    return SourceSettings(
+        max_staleness=1 if one_off else t.max_staleness,
+        capacity_groups=per_step * (1 if one_off else t.max_queue_batches),
+        groups_per_step=per_step,
+        n_shards=t.n_workers,
+        max_restarts=t.max_generator_restarts,
+        timeout_s=t.worker_timeout_s,
+    )
+
+
+def build_rollout_source(cfg: PPOConfig, loader: PromptLoader, actor: Workers, device: str) -> AsyncRolloutSource:
+    """The generators (Ray actors, each its own engine), the weight store and the coordinator of the asynchronous
+    modes. Generators get ``trainer.cpus_per_worker`` CPUs and, on GPU, a GPU each (the actor workers keep theirs).
+
+    Raises:
+        ConfigError: on GPU, fewer GPUs than actor workers + generators.
+    """
+    import ray
+
+    t = cfg.trainer
+    if device == "cuda" and ray.cluster_resources().get("GPU", 0) < t.n_workers + t.n_generators:
+        raise ConfigError(
+            f"trainer.mode={t.mode} on GPU gives each of trainer.n_workers={t.n_workers} actor workers and "
+            f"trainer.n_generators={t.n_generators} generators a GPU; Ray sees "
+            f"{ray.cluster_resources().get('GPU', 0):g}"
+        )
+    spec = worker_specs(t, device, n_groups=(2 if cfg.use_critic else 1) + t.n_generators)[0]
+    store = ray.remote(WeightStore).options(num_cpus=0).remote()
+    remote_cls: Any = ray.remote(GeneratorWorker)
+
+    def make_generator(i: int) -> Any:
+        return remote_cls.options(num_cpus=t.cpus_per_worker, num_gpus=1.0 if device == "cuda" else 0.0).remote(
+            spec, cfg.model, cfg.actor_rollout_ref.rollout, cfg.retriever, store
+        )
+
+    return AsyncRolloutSource(
+        source_settings(cfg),
+        loader=loader,
+        actor=actor,
+        store=store,
+        make_generator=make_generator,
+        n_generators=t.n_generators,
+        seed_for=lambda k: _step_seed(t.seed, k),
+    )
+
+
+def build_trainer(
+    cfg: PPOConfig, prepared: Prepared, actor: Workers, critic: Workers | None, source: RolloutSource | None = None
+) -> PPOTrainer:
     """The loop with its collaborators."""
     run_dir = Path(cfg.trainer.default_local_dir)
     tokenizer = prepared.tokenizer
@@ -123,6 +194,7 @@ def build_trainer(cfg: PPOConfig, prepared: Prepared, actor: Workers, critic: Wo
         tracker=prepared.tracker,
         checkpoints=CheckpointManager(run_dir, cfg.trainer.max_ckpt_to_keep),
         dumper=RolloutDumper(run_dir / "rollouts", tokenizer) if cfg.trainer.dump_rollouts else None,
+        source=source,
     )
 
 
@@ -133,7 +205,11 @@ def train(cfg: PPOConfig, prepared: Prepared) -> History:
     def build(device: str, local: bool, groups: list[Any]) -> PPOTrainer:
         actor, critic = build_workers(cfg, device, local=local)
         groups += [actor, critic]
-        return build_trainer(cfg, prepared, actor, critic)
+        source = None
+        if cfg.trainer.mode != "sync":
+            source = build_rollout_source(cfg, prepared.train_loader, actor, device)
+            groups.append(source)
+        return build_trainer(cfg, prepared, actor, critic, source)
 
     return fit_with_workers(cfg.trainer, prepared.tracker, build)
 
