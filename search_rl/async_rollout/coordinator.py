@@ -39,8 +39,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from search_rl.async_rollout.groups import Group, assemble, split_groups
 from search_rl.async_rollout.queue import GroupQueue
-from search_rl.datatypes import RolloutResult, Trajectory
+from search_rl.datatypes import RolloutResult
 from search_rl.protocol import PromptBatch
 
 logger = logging.getLogger(__name__)
@@ -85,24 +86,6 @@ class SourceSettings:
     """Longest wait of the trainer for one batch."""
 
 
-@dataclass(frozen=True)
-class Group:
-    """The ``rollout.n`` samples of one prompt, as the queue holds them."""
-
-    prompts: PromptBatch
-    """(n,) the group's prompt rows."""
-    trajectories: tuple[Trajectory, ...]
-    """(n,) their trajectories."""
-    shards: tuple[int, ...]
-    """(n,) the shard of its unit each sample was generated in."""
-    weight_version: int
-    """The version of the weights that generated every sample."""
-    unit: int
-    """Index of the unit (the batch of prompts drawn) it came from."""
-    shard_metrics: tuple[dict[str, float], ...]
-    """The rollout metrics of each shard of its unit (shared by the unit's groups)."""
-
-
 @dataclass
 class _Unit:
     index: int
@@ -124,29 +107,6 @@ class _Counters:
     wall_s: float = 0.0
     units_done: int = 0
     last_take: float = field(default_factory=time.monotonic)
-
-
-def split_groups(
-    prompts: PromptBatch, trajectories: list[Trajectory], shards: list[int], version: int, unit: int, shard_metrics: Any
-) -> list[Group]:
-    """Cut a unit into its groups: runs of equal ``uid`` (the loader puts a prompt's samples next to each other)."""
-    groups: list[Group] = []
-    start = 0
-    for i in range(1, len(prompts) + 1):
-        if i == len(prompts) or prompts.uids[i] != prompts.uids[start]:
-            rows = list(range(start, i))
-            groups.append(
-                Group(
-                    prompts.select(rows),
-                    tuple(trajectories[j] for j in rows),
-                    tuple(shards[j] for j in rows),
-                    version,
-                    unit,
-                    shard_metrics,
-                )
-            )
-            start = i
-    return groups
 
 
 class AsyncRolloutSource:
@@ -421,18 +381,3 @@ class AsyncRolloutSource:
         self.counters.dropped_stale += len(groups)
         self.counters.dropped_total += len(groups)
         self._account(groups)
-
-
-def assemble(groups: list[Group]) -> tuple[PromptBatch, list[RolloutResult]]:
-    """The step's prompts and one ``RolloutResult`` per (unit, shard), in an order where the flattened trajectories
-    line up with the prompts (the trainer concatenates the results' trajectories)."""
-    buckets: dict[tuple[int, int], list[tuple[PromptBatch, Trajectory]]] = {}
-    metrics: dict[tuple[int, int], dict[str, float]] = {}
-    for g in groups:
-        for j, (traj, shard) in enumerate(zip(g.trajectories, g.shards, strict=True)):
-            key = (g.unit, shard)
-            buckets.setdefault(key, []).append((g.prompts.select([j]), traj))
-            metrics[key] = g.shard_metrics[shard]
-    rows = [row for entries in buckets.values() for row, _ in entries]
-    results = [RolloutResult([t for _, t in entries], dict(metrics[key])) for key, entries in buckets.items()]
-    return PromptBatch.concat(rows), results

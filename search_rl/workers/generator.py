@@ -20,6 +20,7 @@ import tempfile
 from typing import Any
 
 import torch
+from transformers import PreTrainedModel
 
 from search_rl.agent.generation_manager import LLMGenerationManager
 from search_rl.agent.retriever_client import RetrieverClient
@@ -69,14 +70,15 @@ class GeneratorWorker:
         D.setup_worker_process(spec)
         self.spec, self.store = spec, store
         self.tokenizer = load_tokenizer(model.path)
-        engine_model = load_model(model.path, dtype=torch.float32, seed=model.seed).requires_grad_(False)
+        engine_model = load_model(model.path, dtype=torch.float32, seed=model.seed)
+        engine_model.requires_grad_(False)
         torch.nn.Module.to(engine_model, dtype=dtype_of(model.dtype))  # in place, like the actor's engine copy
         self.engine = self._build_engine(engine_model, rollout)
         client = RetrieverClient(retriever)
         self.manager = LLMGenerationManager(self.engine, self.tokenizer, client, rollout.search_loop_config())
         self.pulls = 0
 
-    def _build_engine(self, model: torch.nn.Module, cfg: TrainRolloutConfig) -> RolloutEngine:
+    def _build_engine(self, model: PreTrainedModel, cfg: TrainRolloutConfig) -> RolloutEngine:
         if cfg.engine == "vllm":
             from search_rl.rollout.vllm import VLLMEngine
 
@@ -91,7 +93,7 @@ class GeneratorWorker:
                 seed=self.spec.seed,
             )
         torch.nn.Module.to(model, self.spec.torch_device)  # in place
-        return HFEngine(model, self.tokenizer, cfg.hf)  # type: ignore[arg-type]
+        return HFEngine(model, self.tokenizer, cfg.hf)
 
     def weight_version(self) -> int:
         """The version the engine serves (also a readiness probe: the constructor has finished)."""

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from search_rl.async_rollout import GroupQueue
-from search_rl.async_rollout.coordinator import assemble, split_groups
+from search_rl.async_rollout.groups import assemble, split_groups
 from search_rl.datatypes import Trajectory, TrajectoryStats
 from search_rl.protocol import PromptBatch
 
