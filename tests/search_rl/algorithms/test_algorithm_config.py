@@ -43,7 +43,7 @@ def test_import_string_estimator_is_resolved_up_front():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"policy_loss": "ppo"}, "registered: ppo_clip"),
+        ({"policy_loss": "ppo"}, "registered: gspo, ppo_clip"),
         ({"kl_loss_type": "full"}, "registered: k1, k2, k3, kl, low_var_kl, mse"),
         ({"kl_reward_type": "abs"}, "kl_reward_type"),
         ({"loss_agg_mode": "mean"}, "token-mean"),

@@ -242,7 +242,7 @@ def test_actor_loss_missing_inputs_are_clear_errors():
 
 
 def test_registries_unknown_names_and_import_strings():
-    with pytest.raises(KeyError, match="unknown policy loss 'ppo'; registered: ppo_clip"):
+    with pytest.raises(KeyError, match="unknown policy loss 'ppo'; registered: gspo, ppo_clip"):
         POLICY_LOSSES.get("ppo")
     with pytest.raises(KeyError, match="registered: k1, k2, k3, kl, low_var_kl, mse"):
         estimate_kl(torch.zeros(1), torch.zeros(1), "full")
