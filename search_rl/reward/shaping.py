@@ -18,6 +18,16 @@ The format is worth ``fs`` either way: a wrong answer gains it for good form, a 
 (Search-R1's ``score - structure_format_score``). Since ``p <= 1``, the bounds ``fs < 0.5`` and ``w < 1 - fs``
 (checked by ``RewardConfig``) make every right answer score strictly more than every wrong one. Only the score
 changes: the components (em, subem, f1, format, answered) stay the answer-quality measures that evaluation reports.
+
+**Overlong penalty** (DAPO's soft overlong punishment, https://arxiv.org/abs/2503.14476, ``apply_overlong_penalty``),
+added after the table: with ``L`` the response's length in tokens, ``L_max`` = ``rollout.max_response_tokens`` and
+``b`` = ``reward.overlong_buffer_tokens``, the score gains ``-factor * min(max(L - (L_max - b), 0) / b, 1)``: nothing up
+to ``L_max - b`` tokens, then linearly down to ``-factor`` at the budget. ``L`` is the whole response, model tokens
+*and* inserted observations (``len(response_ids)``), because that is the length the budget counts and whose
+exhaustion cuts an episode short (``stop_reason = max_response_tokens``); the penalty teaches the policy to finish
+before the cut, and a long ``<information>`` block brings the cut closer as much as long reasoning does. Near the
+budget it can make a right answer score below a wrong one, as DAPO intends. It is reported as the component
+``overlong_penalty``.
 """
 
 from __future__ import annotations
@@ -78,3 +88,38 @@ def shape_reward(
             candidates.append(partial_credit_weight * c[partial_credit])
         score = max(candidates)
     return RewardResult(score, dict(c))
+
+
+def overlong_penalty(response_tokens: int, max_response_tokens: int, buffer_tokens: int, factor: float) -> float:
+    """DAPO's soft overlong punishment of a response of ``response_tokens`` tokens (0 when ``buffer_tokens`` is 0).
+
+    >>> [overlong_penalty(n, 1000, 400, 1.0) for n in (500, 700, 900, 1000)]  # penalty from 600 tokens on
+    [0.0, -0.25, -0.75, -1.0]
+
+    Raises:
+        ValueError: a buffer as large as the budget (every response would be penalised), naming both keys.
+    """
+    if buffer_tokens <= 0:
+        return 0.0
+    if buffer_tokens >= max_response_tokens:
+        raise ValueError(
+            f"reward.overlong_buffer_tokens={buffer_tokens} must be below actor_rollout_ref.rollout.max_response_tokens"
+            f"={max_response_tokens}: the penalty starts buffer_tokens before the budget"
+        )
+    excess = response_tokens - (max_response_tokens - buffer_tokens)
+    return -factor * min(excess / buffer_tokens, 1.0) if excess > 0 else 0.0
+
+
+def apply_overlong_penalty(
+    result: RewardResult, response_tokens: int, max_response_tokens: int, buffer_tokens: int, factor: float
+) -> RewardResult:
+    """``result`` with ``overlong_penalty(...)`` added to its score and reported as component ``overlong_penalty``;
+    unchanged when ``buffer_tokens`` is 0 (off).
+
+    >>> apply_overlong_penalty(RewardResult(1.0, {"em": 1.0}), 950, 1000, 100, 1.0)
+    RewardResult(score=0.5, components={'em': 1.0, 'overlong_penalty': -0.5})
+    """
+    if buffer_tokens <= 0:
+        return result
+    penalty = overlong_penalty(response_tokens, max_response_tokens, buffer_tokens, factor)
+    return RewardResult(result.score + penalty, {**result.components, "overlong_penalty": penalty})
