@@ -13,18 +13,25 @@ hold equal shards, so the kept groups are topped up with dropped (flat) groups t
 ``group_unit`` groups (one unit when none was kept); these padding groups are marked, and the trainer leaves them out
 of the loss (``TrainBatch.sample_mask``), so they only make the shapes work.
 
-This module is pure: ``GroupFilter`` takes each generation batch's scored rollouts and returns the selection; the
-trainer's ``_collect_filtered`` runs the rollouts and collates the result.
+``GroupFilter`` is pure: it takes each generation batch's scored rollouts and returns the selection.
+``sample_filtered`` is the loop around it, with the rollout and scoring passed in as a function (the trainer's
+``_collect_filtered`` passes its own and collates the result).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from search_rl.datatypes import RewardResult, Trajectory
 from search_rl.protocol import PromptBatch
 from search_rl.steps import SUMMED_ROLLOUT_METRICS
+
+logger = logging.getLogger(__name__)
+
+RollOut = Callable[[PromptBatch, dict[str, float], int], tuple[Sequence[Trajectory], Sequence[RewardResult]]]
+"""``(prompts, metrics to fill, generation batch index) -> (trajectories, rewards)``: one scored generation batch."""
 
 PREFIX = "dynamic_sampling"
 """Namespace of the metrics of ``GroupFilter.select``."""
@@ -213,3 +220,24 @@ def merge_generation_metrics(parts: Sequence[dict[str, float]]) -> dict[str, flo
         summed = key.startswith("timing/") or key in SUMMED_OVER_GENERATIONS
         merged[key] = sum(values) if summed else sum(values) / len(values)
     return merged
+
+
+def sample_filtered(next_batch: Callable[[], PromptBatch], roll_out: RollOut, groups: GroupFilter) -> Selection:
+    """Roll out generation batches into ``groups`` until it is done, and return its selection, whose metrics also
+    hold the generation batches' own (``merge_generation_metrics``). A hit cap is logged as a warning."""
+    parts: list[dict[str, float]] = []
+    while not groups.done:
+        prompts, part = next_batch(), dict[str, float]()
+        trajectories, results = roll_out(prompts, part, len(parts))
+        groups.add(ScoredRollouts(prompts, tuple(trajectories), tuple(results)))
+        parts.append(part)
+    selection = groups.select()
+    if selection.cap_hit:
+        trained, padding = (int(selection.metrics[f"{PREFIX}/{k}_groups"]) for k in ("trained", "padding"))
+        logger.warning(
+            "%d generation batches (algorithm.filter_groups.max_num_gen_batches) kept %d of %d groups whose %s "
+            "differs; training on those (%d flat padding groups left out of the loss)",
+            *(groups.gen_batches, trained, groups.target_groups, groups.metric, padding),
+        )
+    metrics = {**merge_generation_metrics(parts), **selection.metrics}
+    return Selection(selection.rollouts, selection.padding, selection.cap_hit, metrics)

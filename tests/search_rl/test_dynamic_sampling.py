@@ -139,6 +139,33 @@ def test_merge_generation_metrics_sums_times_and_counts_and_averages_the_rest():
     }
 
 
+def test_sample_filtered_rolls_out_until_done_and_merges_the_batches_metrics(caplog):
+    batches = iter(
+        [_rollouts({"a": [0, 0], "b": [1, 0]}), _rollouts({"c": [1, 1], "d": [0, 0]}), _rollouts({"e": [0, 1]})]
+    )
+    salts = []
+
+    def roll_out(prompts, metrics, salt):
+        salts.append(salt)
+        metrics["timing/rollout_s"], metrics["reward/score_mean"] = 1.0, float(salt)
+        rollouts = current[prompts.uids]
+        return rollouts.trajectories, rollouts.results
+
+    def next_batch():
+        batch = next(batches)
+        current[batch.prompts.uids] = batch
+        return batch.prompts
+
+    current: dict = {}
+    sel = ds.sample_filtered(next_batch, roll_out, GroupFilter(target_groups=2, max_gen_batches=5, metric="score"))
+    assert salts == [0, 1, 2] and sel.rollouts.prompts.uids == ("b", "b", "e", "e") and not sel.cap_hit
+    assert sel.metrics["timing/rollout_s"] == 3.0 and sel.metrics["reward/score_mean"] == 1.0
+    assert sel.metrics["dynamic_sampling/gen_batches"] == 3.0 and not caplog.records
+    batches = iter([_rollouts({"a": [0, 0], "b": [1, 1]})])
+    capped = ds.sample_filtered(next_batch, roll_out, GroupFilter(target_groups=2, max_gen_batches=1, metric="score"))
+    assert capped.cap_hit and "kept 0 of 2 groups whose score differs" in caplog.text
+
+
 def test_docstring_examples():
     result = doctest.testmod(ds)
     assert result.attempted > 0 and result.failed == 0
