@@ -27,7 +27,7 @@ class ModelConfig:
     lora_rank: int = 0
     """LoRA adapter rank (``peft``); 0 = full fine-tuning. With adapters the base stays frozen, the reference is the
     base with adapters disabled (no second copy), and checkpoints hold the adapters plus a merged model."""
-    lora_alpha: float = 16.0
+    lora_alpha: int = 16
     """LoRA scaling numerator: the adapted weight is ``W + lora_alpha / lora_rank * B @ A``."""
     lora_target_modules: str = "all-linear"
     """Layers that get adapters: ``all-linear`` (every linear layer except the output head) or comma-separated

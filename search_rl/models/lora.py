@@ -26,7 +26,7 @@ ADAPTER_DIR = "actor_lora"
 """A checkpoint's adapter folder, in peft's format (``PeftModel.from_pretrained(base, folder)`` loads it)."""
 
 
-def apply_lora(model: nn.Module, rank: int, alpha: float, target_modules: str) -> nn.Module:
+def apply_lora(model: nn.Module, rank: int, alpha: int, target_modules: str) -> nn.Module:
     """Wrap ``model`` with fresh LoRA adapters (B = 0, so the wrapped model computes exactly what ``model`` did);
     only the adapters require gradients.
 
@@ -55,7 +55,7 @@ def is_lora(model: nn.Module) -> bool:
 
 def lora_scaling(model: nn.Module) -> float:
     """``alpha / r`` of ``model``'s adapter."""
-    config = model.peft_config[ADAPTER]  # type: ignore[index]
+    config = getattr(model, "peft_config")[ADAPTER]  # noqa: B009 (peft's attribute, untyped)
     return float(config.lora_alpha) / float(config.r)
 
 
@@ -83,6 +83,12 @@ def merged_state_dict(state: Mapping[str, torch.Tensor], scaling: float) -> dict
                 tensor = (tensor.float() + delta.to(tensor.device)).to(tensor.dtype)
         out[plain] = tensor
     return out
+
+
+def save_adapters(model: nn.Module, folder: str | Path, adapters: Mapping[str, torch.Tensor]) -> None:
+    """Write ``adapters`` (from ``adapter_state_dict``) in peft's format with ``model``'s adapter config."""
+    save = getattr(model, "save_pretrained")  # noqa: B009 (PeftModel's, untyped)
+    save(str(folder), state_dict=dict(adapters))
 
 
 def adapter_state_dict(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -27,7 +27,7 @@ def _randomise_adapters(model: torch.nn.Module, seed: int = 0) -> None:
 
 
 def test_merged_state_dict_equals_peft_merge_and_unload(tokenizer):
-    wrapped = apply_lora(build_tiny_model(tokenizer, seed=1), rank=4, alpha=8.0, target_modules="all-linear")
+    wrapped = apply_lora(build_tiny_model(tokenizer, seed=1), rank=4, alpha=8, target_modules="all-linear")
     _randomise_adapters(wrapped)
     ours = merged_state_dict(wrapped.state_dict(), lora_scaling(wrapped))
     assert lora_scaling(wrapped) == 2.0
