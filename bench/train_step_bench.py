@@ -11,6 +11,11 @@ update's tokens/s over the bare loop's (1.0 = the update costs nothing beyond fo
     python bench/train_step_bench.py                                  # starts its own BM25 retriever
     python bench/train_step_bench.py --retriever-url http://127.0.0.1:8000 --steps 3
 
+    # the learning benchmark's GRPO step (4 prompts x 4, two mini-batches, its budgets) from a warm start:
+    python bench/train_step_bench.py --profile warm-grpo --model runs/ws/sft/global_step_30/actor \
+        --retriever-url http://127.0.0.1:8000/retrieve --steps 4 \
+        --override actor_rollout_ref.actor.old_logprobs=recompute
+
 Last line: ``train_step_bench step_s=<mean seconds per step> update_vs_bare=<ratio>``.
 """
 
@@ -107,6 +112,20 @@ def report(history: list[tuple[int, dict[str, float]]]) -> float:
     return statistics.mean(times[1:] if len(times) > 1 else times)
 
 
+WARM_GRPO = (
+    "max_turns=2",
+    "actor_rollout_ref.rollout.max_turn_tokens=128",
+    "actor_rollout_ref.rollout.max_obs_tokens=256",
+    "actor_rollout_ref.actor.optim.lr=1e-5",
+    "reward.partial_credit=f1",
+    "reward.partial_credit_weight=0.5",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+    f"trainer.torch_threads_per_worker={os.cpu_count() or 1}",
+)
+"""``--profile warm-grpo``: the GRPO run of ``bench/learning_bench.py`` (its budgets, learning rate, F1 partial
+credit, two mini-batches of 2 prompts, every core for the one worker); with ``--prompts 4 --samples 4``."""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--retriever-url", default=None, help="a running retriever; default: start a BM25 one")
@@ -115,7 +134,12 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--override", action="append", default=[], help="extra Hydra overrides (repeatable)")
+    ap.add_argument("--profile", choices=("default", "warm-grpo"), default="default", help="see the docstring")
+    ap.add_argument("--no-bare", action="store_true", help="skip the bare forward/backward loop (e.g. with LoRA)")
     args = ap.parse_args()
+    profile: tuple[str, ...] = ()
+    if args.profile == "warm-grpo":
+        args.prompts, args.samples, profile = 4, 4, WARM_GRPO
     configure_logging()
     out = Path(tempfile.mkdtemp(prefix="train_step_bench-"))
     with contextlib.ExitStack() as stack:
@@ -144,6 +168,7 @@ def main() -> None:
                 f"data.train_batch_size={args.prompts}",
                 f"actor_rollout_ref.rollout.n={args.samples}",
                 f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
+                *profile,
                 *args.override,
             ]
         )
@@ -151,6 +176,10 @@ def main() -> None:
     threads = cfg.trainer.torch_threads_per_worker or max(1, (os.cpu_count() or 1) // cfg.trainer.n_workers)
     step_s = report(history)
     m = history[-1][1]
+    print(f"profile={args.profile} overrides={' '.join(args.override) or '-'}")
+    if args.no_bare:
+        print(f"train_step_bench step_s={step_s:.1f}")
+        return
     assert batch is not None
     tokens, seconds = bare_update(cfg, batch, threads)
     bare_tps = tokens / seconds
