@@ -98,6 +98,23 @@ class TrajectoryStats:
     obs_tokens_truncated: int = 0
     obs_passages_dropped: int = 0
     response_budget_hit: bool = False
+    search_attempts: int = 0
+    """Model turns that tried to search: not a valid answer, and the turn's text holds the opening ``<search>`` tag
+    (well formed or not). ``searches`` of them were well formed and sent to the retriever."""
+
+
+@dataclass(frozen=True)
+class SearchCall:
+    """One query the loop sent to the retriever, and the passages the model was shown for it.
+
+    ``passages`` are as inserted into the response: each text cut to the tokens that fit the observation budget,
+    passages dropped for room left out; empty when the retriever failed (``failed``), returned nothing, or the
+    observation did not fit at all.
+    """
+
+    query: str
+    passages: tuple[Passage, ...] = ()
+    failed: bool = False
 
 
 @dataclass(frozen=True)
@@ -126,6 +143,8 @@ class Trajectory:
         final_answer: the answer text of the episode's ``<answer>`` action, or None.
         stop_reason: why the episode ended.
         stats: counters (turns, searches, valid/invalid actions, truncations, retriever errors).
+        search_calls: each query sent to the retriever, in order, with the passages shown for it (what search
+            diagnostics read: duplicate queries, whether a gold answer was retrieved).
     """
 
     prompt_ids: torch.Tensor
@@ -136,6 +155,7 @@ class Trajectory:
     final_answer: str | None
     stop_reason: StopReason
     stats: TrajectoryStats
+    search_calls: tuple[SearchCall, ...] = ()
 
     def __post_init__(self) -> None:
         t = self.response_ids.shape[0]

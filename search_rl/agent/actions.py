@@ -67,3 +67,19 @@ def parse_action(text: str, *, max_query_chars: int = 512) -> Action:
     if not answer:
         return Action("invalid", feedback=EMPTY_ANSWER_FEEDBACK)
     return Action("answer", answer)
+
+
+def is_search_attempt(text: str, action: Action) -> bool:
+    """Whether a turn tried to search: it is not a valid answer and its text holds the opening ``<search>`` tag.
+
+    Well-formed searches count, and so do unclosed, empty and over-long queries (the parser's ``invalid`` with a
+    ``<search>`` in the text). The share of attempts that reached the retriever is ``valid_search_rate``.
+
+    >>> is_search_attempt("<search> q </search>", parse_action("<search> q </search>"))
+    True
+    >>> is_search_attempt("<search> q", parse_action("<search> q"))
+    True
+    >>> is_search_attempt("<answer> a </answer><search> q </search>", parse_action("<answer> a </answer>"))
+    False
+    """
+    return action.kind != "answer" and SEARCH_OPEN in text

@@ -25,7 +25,7 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from search_rl.agent.actions import parse_action
+from search_rl.agent.actions import is_search_attempt, parse_action
 from search_rl.agent.observations import Observation, ObservationBuilder
 from search_rl.agent.retriever_client import RetrieverError
 from search_rl.config import RolloutConfig
@@ -34,6 +34,7 @@ from search_rl.datatypes import (
     Passage,
     RolloutResult,
     SamplingParams,
+    SearchCall,
     Segment,
     StopReason,
     Trajectory,
@@ -60,6 +61,7 @@ class _Sample:
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     segments: list[Segment] = field(default_factory=list)
+    calls: list[SearchCall] = field(default_factory=list)
     stats: TrajectoryStats = field(default_factory=TrajectoryStats)
     answer: str | None = None
     stop: StopReason | None = None
@@ -176,6 +178,8 @@ class LLMGenerationManager:
         s.segments.append(Segment("model", start, len(s.ids), text))
         s.count(turns=1)
         action = parse_action(text, max_query_chars=self.cfg.max_query_chars)
+        if is_search_attempt(text, action):
+            s.count(search_attempts=1)
         if action.kind == "answer":
             s.count(valid_actions=1)
             s.answer, s.stop = action.content, "answer"
@@ -209,13 +213,14 @@ class LLMGenerationManager:
                 raise
             logger.warning("retriever failed for %d queries; inserting error observations", len(searches))
             results = None
-        for i, (s, _) in enumerate(searches):
+        for i, (s, query) in enumerate(searches):
             room = min(self.cfg.max_obs_tokens, self.cfg.max_response_tokens - len(s.ids))
             if results is None:
                 s.count(retriever_errors=1)
                 obs = self.obs.text(RETRIEVER_ERROR_TEXT, room)
             else:
                 obs = self.obs.passages(results[i], room)
+            s.calls.append(SearchCall(query, obs.passages if obs else (), failed=results is None))
             self._insert(s, obs)
 
     def _insert(self, s: _Sample, obs: Observation | None) -> None:
@@ -251,6 +256,7 @@ class LLMGenerationManager:
             final_answer=s.answer,
             stop_reason=s.stop,
             stats=s.stats,
+            search_calls=tuple(s.calls),
         )
 
     def _metrics(self, samples: list[_Sample], timing: dict[str, float]) -> dict[str, float]:

@@ -9,7 +9,7 @@ exact token count while the tags are never cut; decoding the ids gives back exac
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from transformers import PreTrainedTokenizerBase
 
@@ -29,12 +29,16 @@ def format_passages(passages: Sequence[Passage]) -> str:
 
 @dataclass(frozen=True)
 class Observation:
-    """Token ids to insert (mask 0), their exact decoded text, and what was cut to fit the budget."""
+    """Token ids to insert (mask 0), their exact decoded text, and what was cut to fit the budget.
+
+    ``passages`` are the retrieved passages as shown: texts cut like the ids, dropped passages left out.
+    """
 
     ids: tuple[int, ...]
     text: str
     tokens_truncated: int = 0
     passages_dropped: int = 0
+    passages: tuple[Passage, ...] = ()
 
 
 def water_fill(lengths: Sequence[int], budget: int) -> list[int]:
@@ -110,14 +114,17 @@ class ObservationBuilder:
         allow = water_fill([len(b) for b in bodies[:n]], room)
         ids = list(self._prefix)
         truncated = sum(len(b) for b in bodies[n:])
+        shown = []
         for i in range(n):
             if i:
                 ids += self._sep
             kept = self._cut(bodies[i], allow[i])
             truncated += len(bodies[i]) - len(kept)
             ids += heads[i] + kept
+            cut = len(kept) < len(bodies[i])
+            shown.append(replace(passages[i], text=self._decode(kept).removeprefix(" ")) if cut else passages[i])
         ids += self._suffix
-        return Observation(tuple(ids), self._decode(ids), truncated, len(passages) - n)
+        return Observation(tuple(ids), self._decode(ids), truncated, len(passages) - n, tuple(shown))
 
     def _cut(self, ids: list[int], n: int) -> list[int]:
         """First ``n`` ids, backing off so a multi-byte character is not split (its bytes would decode to U+FFFD)."""
