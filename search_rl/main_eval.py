@@ -11,7 +11,10 @@ from the row's ``question`` with ``configs/templates/{no_search,naive_rag}.txt``
 answer turn. Same model, same greedy decoding, same scoring (``reward`` config). Writes ``metrics.json`` and
 ``trajectories.jsonl`` (the rollout-dump records of ``search_rl.tracking.rollout_dump``) under
 ``<output_dir>/<baseline>-<time>/``. The last line on stdout is ``eval n=<count> em=<x> subem=<y> f1=<z>`` over all
-scored rows; per-source EM / sub-EM / F1, answer rate and searches per question are logged above it.
+scored rows; per-source EM / sub-EM / F1, answer rate and searches per question are logged above it, with the search
+diagnostics (``search_rl.search_stats``: valid-search rate, duplicate queries, gold retrieved, wrong answers split into
+no answer / no search / retrieval missed / read wrong, EM by number of searches, answer length). ``python -m
+search_rl.tools.diagnose --eval <run>/metrics.json`` prints them as a table.
 """
 
 from __future__ import annotations
@@ -107,8 +110,8 @@ def evaluate(cfg: EvalConfig) -> EvalResult:
     for part in prompts.split_by_size(cfg.batch_size):
         trajectories += manager.generate([list(p) for p in part.prompt_ids], greedy=True).trajectories
         logger.info("rolled out %d/%d (%.0fs)", len(trajectories), len(prompts), time.perf_counter() - start)
-    results = score_trajectories(trajectories, prompts, cfg.reward)
-    metrics = answer_metrics(trajectories, results, prompts.data_sources, "eval")
+    results = score_trajectories(trajectories, prompts, cfg.reward, rollout.max_response_tokens)
+    metrics = answer_metrics(trajectories, results, prompts.data_sources, "eval", prompts.targets)
     out = Path(cfg.output_dir) / f"{cfg.baseline}-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     write_records(out / "trajectories.jsonl", prompts, trajectories, results, tokenizer, step=0, kind="eval")

@@ -2,11 +2,14 @@
 
 ``score_trajectories`` picks each sample's reward function by its ``data_source`` (``reward.by_data_source``, then
 the built-in table, then ``reward.default``) and applies the configured shaping (``reward.format_score``,
-``reward.partial_credit``; ``search_rl/reward/shaping.py``) to the score, never to the components. Training,
+``reward.partial_credit``, ``reward.overlong_buffer_tokens``; ``search_rl/reward/shaping.py``) to the score, never
+to the answer components (the overlong penalty is reported as a component of its own). Training,
 validation and ``main_eval`` all score here, so they see the same rewards. ``reward_metrics`` gives the
 training-step view (means per data source, the share of GRPO groups whose rewards are all equal: no learning
 signal). ``answer_metrics`` gives the evaluation view: EM / sub-EM / F1, answer rate and searches per question,
-per data source and over all rows.
+per data source and over all rows, plus, given the gold answers, the search diagnostics of ``search_rl.search_stats``
+(valid-search and duplicate-query rates, gold retrieved, wrong answers split by cause, EM by number of searches).
+The training step logs the same diagnostics under ``rollout/`` (``search_stats.search_metrics``).
 """
 
 from __future__ import annotations
@@ -17,23 +20,42 @@ from collections.abc import Sequence
 from search_rl.config import RewardConfig
 from search_rl.datatypes import GroundTruth, RewardResult, Trajectory
 from search_rl.protocol import PromptBatch
-from search_rl.reward import reward_fn_for, shape_reward
+from search_rl.reward import apply_overlong_penalty, reward_fn_for, shape_reward
+from search_rl.search_stats import diagnose, summarize
 
 ANSWER_KEYS = ("em", "subem", "f1")
 """Answer-quality components every built-in reward reports."""
 
 
 def score_trajectories(
-    trajectories: Sequence[Trajectory], prompts: PromptBatch, cfg: RewardConfig
+    trajectories: Sequence[Trajectory],
+    prompts: PromptBatch,
+    cfg: RewardConfig,
+    max_response_tokens: int | None = None,
 ) -> list[RewardResult]:
-    """One shaped ``RewardResult`` per trajectory (same order as ``prompts``)."""
+    """One shaped ``RewardResult`` per trajectory (same order as ``prompts``). ``max_response_tokens`` (the rollout's
+    budget) is needed when ``reward.overlong_buffer_tokens`` turns the overlong penalty on."""
     if len(trajectories) != len(prompts):
         raise ValueError(f"{len(trajectories)} trajectories for {len(prompts)} prompts")
+    if cfg.overlong_buffer_tokens > 0 and max_response_tokens is None:
+        raise ValueError(
+            "reward.overlong_buffer_tokens > 0 measures responses against the budget; pass max_response_tokens"
+        )
     results = []
     for traj, source, targets in zip(trajectories, prompts.data_sources, prompts.targets, strict=True):
         fn = reward_fn_for(source, cfg.by_data_source, cfg.default)
         result = fn(traj, GroundTruth(target=targets, data_source=source))
-        results.append(shape_reward(result, cfg.format_score, cfg.partial_credit, cfg.partial_credit_weight))
+        result = shape_reward(result, cfg.format_score, cfg.partial_credit, cfg.partial_credit_weight)
+        if cfg.overlong_buffer_tokens > 0:
+            assert max_response_tokens is not None
+            result = apply_overlong_penalty(
+                result,
+                int(traj.response_ids.shape[0]),
+                max_response_tokens,
+                cfg.overlong_buffer_tokens,
+                cfg.overlong_penalty_factor,
+            )
+        results.append(result)
     return results
 
 
@@ -81,9 +103,17 @@ def reward_metrics(
 
 
 def answer_metrics(
-    trajectories: Sequence[Trajectory], results: Sequence[RewardResult], data_sources: Sequence[str], prefix: str
+    trajectories: Sequence[Trajectory],
+    results: Sequence[RewardResult],
+    data_sources: Sequence[str],
+    prefix: str,
+    targets: Sequence[Sequence[str]] | None = None,
 ) -> dict[str, float]:
-    """Per data source and over ``all`` rows: ``<prefix>/<source>/{em,subem,f1,score,answer_rate,searches,turns,n}``."""
+    """Per data source and over ``all`` rows: ``<prefix>/<source>/{em,subem,f1,score,answer_rate,searches,turns,n}``,
+    and with ``targets`` (the gold answers per row) the search diagnostics ``search_stats.summarize`` names."""
+    diagnoses = None
+    if targets is not None:
+        diagnoses = [diagnose(t, g, r) for t, r, g in zip(trajectories, results, targets, strict=True)]
     groups: dict[str, list[int]] = defaultdict(list)
     for i, source in enumerate(data_sources):
         groups[source].append(i)
@@ -99,4 +129,6 @@ def answer_metrics(
         metrics[f"{prefix}/{source}/searches"] = _mean([float(t.num_searches) for t in ts])
         metrics[f"{prefix}/{source}/turns"] = _mean([float(t.stats.turns) for t in ts])
         metrics[f"{prefix}/{source}/n"] = float(len(idx))
+        if diagnoses is not None:
+            metrics.update(summarize([diagnoses[i] for i in idx], f"{prefix}/{source}"))
     return metrics

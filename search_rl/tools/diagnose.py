@@ -4,12 +4,18 @@ Sections: versions (Python, torch, transformers, Ray, FAISS, vLLM and the rest o
 memory, CUDA devices), Ray (``ray status`` of a running cluster, if any), the retriever (reachability and the index
 ``/health`` reports), and the caches (converted models, built indexes). Never fails: every probe reports its own
 error. Output is Markdown, so it renders in a GitHub issue.
+
+``--eval PATH`` prints instead the search breakdown of an evaluation: ``main_eval``'s ``metrics.json`` (or its
+folder), or a training run's folder (its last validation in ``metrics.jsonl``). Per data source: EM, answer rate,
+searches, valid-search and duplicate-query rates, gold retrieved, why answers are wrong (no answer, no search,
+retrieval missed, read wrong), EM by number of searches, answer length (``search_rl.search_stats``).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import json
 import logging
 import os
 import platform
@@ -157,6 +163,74 @@ def report(retriever_urls: list[str]) -> str:
     return "\n".join(out) + "\n"
 
 
+BREAKDOWN_COLUMNS = (
+    ("n", "n", "{:.0f}"),
+    ("em", "EM", "{:.3f}"),
+    ("answer_rate", "answered", "{:.3f}"),
+    ("searches", "searches", "{:.2f}"),
+    ("valid_search_rate", "valid search", "{:.3f}"),
+    ("duplicate_query_rate", "dup. queries", "{:.3f}"),
+    ("gold_retrieved", "gold retrieved", "{:.3f}"),
+    ("no_answer", "no answer", "{:.3f}"),
+    ("wrong_no_search", "wrong, no search", "{:.3f}"),
+    ("retrieval_missed", "retrieval missed", "{:.3f}"),
+    ("read_wrong", "read wrong", "{:.3f}"),
+    ("answer_words_mean", "answer words", "{:.1f}"),
+)
+"""``(metric, column header, format)`` of the breakdown table, in order."""
+
+
+def load_eval_metrics(path: Path) -> dict[str, float]:
+    """The metrics of an evaluation: ``metrics.json`` (a file, or the folder holding it), or a training run's last
+    record with validation metrics (``<run>/metrics.jsonl``).
+
+    Raises:
+        FileNotFoundError: none of these at ``path``, or a training run without validation.
+    """
+    if path.is_dir() and (path / "metrics.json").exists():
+        path = path / "metrics.json"
+    if path.is_file() and path.suffix == ".json":
+        return {k: v for k, v in json.loads(path.read_text()).items() if isinstance(v, int | float)}
+    jsonl = path / "metrics.jsonl" if path.is_dir() else path
+    if jsonl.is_file():
+        records = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
+        val = [r for r in records if "val/all/n" in r]
+        if val:
+            return {k: v for k, v in val[-1].items() if isinstance(v, int | float)}
+        raise FileNotFoundError(f"{jsonl} has no validation record (val/all/n); set trainer.test_freq")
+    raise FileNotFoundError(f"no metrics.json or metrics.jsonl at {path}")
+
+
+def eval_breakdown(metrics: dict[str, float]) -> list[str]:
+    """Markdown tables of the search diagnostics per data source (``<eval|val>/<source>/<metric>`` keys)."""
+    rows: dict[str, dict[str, float]] = {}
+    for key, value in metrics.items():
+        parts = key.split("/")
+        if len(parts) == 3 and parts[0] in ("eval", "val"):
+            rows.setdefault(f"{parts[0]}/{parts[1]}", {})[parts[2]] = float(value)
+    if not rows:
+        return ["- no eval/<source>/* or val/<source>/* metrics found"]
+    order = sorted(rows, key=lambda r: (r.endswith("/all"), r))  # sources first, the total last
+    lines = [
+        "| rows | " + " | ".join(h for _, h, _ in BREAKDOWN_COLUMNS) + " |",
+        "|---" * (len(BREAKDOWN_COLUMNS) + 1) + "|",
+    ]
+    for row in order:
+        cells = [fmt.format(rows[row][k]) if k in rows[row] else "-" for k, _, fmt in BREAKDOWN_COLUMNS]
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    buckets = (("0", "0"), ("1", "1"), ("2", "2"), ("3plus", "3+"))
+    lines += ["", "EM by number of searches (trajectories in brackets):", ""]
+    lines += ["| rows | " + " | ".join(f"{label} searches" for _, label in buckets) + " |", "|---" * 5 + "|"]
+    for row in order:
+        cells = []
+        for bucket, _ in buckets:
+            n = rows[row].get(f"n_searches_{bucket}")
+            em = rows[row].get(f"em_searches_{bucket}")
+            cells.append("-" if n is None else f"{em:.3f} ({n:.0f})" if em is not None else f"- ({n:.0f})")
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
@@ -165,7 +239,23 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="retriever base URL to probe (repeatable; default http://127.0.0.1:8000)",
     )
+    ap.add_argument(
+        "--eval",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="print the search breakdown of an evaluation (metrics.json or its folder, or a run folder) instead",
+    )
     args = ap.parse_args(argv)
+    if args.eval is not None:
+        try:
+            metrics = load_eval_metrics(args.eval)
+        except (FileNotFoundError, json.JSONDecodeError) as e:
+            logger.error("%s", e)
+            return 2
+        body = "\n".join(["# search-rl evaluation breakdown", "", f"`{args.eval}`", "", *eval_breakdown(metrics)])
+        sys.stdout.write(body + "\n")
+        return 0
     sys.stdout.write(report(args.retriever_url or ["http://127.0.0.1:8000"]))  # the report is the program's output
     return 0
 

@@ -1,8 +1,10 @@
 """Training curves of a run as PNGs: ``python -m search_rl.tools.plot_metrics RUN_DIR [--out DIR]``.
 
 Reads ``<run>/metrics.jsonl`` (docs/training.md lists the keys) and writes one PNG per panel to ``<run>/plots/``:
-reward and EM per data source, KL, entropy, response length, searches per trajectory, and time per phase. Panels whose
-metrics are absent (no critic, no validation) are skipped. Uses matplotlib's Agg backend: no display needed.
+reward and EM per data source, KL, entropy, response length, searches per trajectory, the search diagnostics
+(valid-search and duplicate-query rates, gold retrieved, why answers are wrong, EM by number of searches, answer
+length; see ``search_rl.search_stats``), and time per phase. Panels whose metrics are absent (no critic, no
+validation) are skipped. Uses matplotlib's Agg backend: no display needed.
 """
 
 from __future__ import annotations
@@ -51,6 +53,25 @@ PANELS = (
         "Searches and turns per trajectory",
         "count",
         _matches(r"rollout/(searches_mean|turns_mean|valid_action_rate|answer_rate)"),
+    ),
+    Panel(
+        "search_quality",
+        "Searches: valid, duplicate, gold answer retrieved",
+        "rate",
+        _matches(r"(rollout|val/all)/(valid_search_rate|duplicate_query_rate|gold_retrieved)"),
+    ),
+    Panel(
+        "answer_outcomes",
+        "Why answers are wrong (share of trajectories; with EM they sum to 1)",
+        "share",
+        _matches(r"reward/em|rollout/(no_answer|wrong_no_search|retrieval_missed|read_wrong)"),
+    ),
+    Panel("em_by_searches", "EM by number of searches (train)", "EM", _matches(r"rollout/em_searches_\w+")),
+    Panel(
+        "answer_length",
+        "Answer length (words of the extracted answer)",
+        "words",
+        _matches(r"(rollout|val/all)/answer_words_mean"),
     ),
     Panel("timing", "Time per phase", "seconds", lambda k: k.startswith("timing/") and k != "timing/step_s"),
     Panel("losses", "Losses", "loss", _matches(r"actor/(pg_loss|loss)|critic/vf_loss|sft/nll")),

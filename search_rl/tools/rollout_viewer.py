@@ -4,9 +4,9 @@ Opens ``<run>/rollouts/*.jsonl`` (training and validation dumps) and ``<run>/eva
 (``main_eval``), or one such file. The left pane lists trajectories; the right pane shows the selected one turn by
 turn: the model's thoughts, its search queries, the retrieved passages (inserted ``<information>`` tokens that the
 losses never see, drawn on a dark background and labelled "masked"), the answer, the gold answers and the reward.
-Filter by data source, reward, step and free text (question, response, answer, gold). Keys: ``/`` search,
-``n``/``p`` next/previous trajectory, ``q`` quit. The record format is in docs/training.md ("Metrics and rollout
-dumps"); the viewer needs no tokenizer.
+Filter by data source, reward, step and free text (question, response, answer, gold, outcome: ``read_wrong``,
+``retrieval_missed``, ...). Keys: ``/`` search, ``n``/``p`` next/previous trajectory, ``q`` quit. The record format
+is in docs/training.md ("Metrics and rollout dumps"); the viewer needs no tokenizer.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def matches(record: dict[str, Any], f: Filters) -> bool:
         return False
     if f.text:
         haystack = " ".join(
-            str(record.get(k) or "") for k in ("question", "response", "answer", "uid", "data_source")
+            str(record.get(k) or "") for k in ("question", "response", "answer", "uid", "data_source", "outcome")
         ) + " ".join(record.get("gold") or [])
         return f.text.lower() in haystack.lower()
     return True
@@ -148,6 +148,12 @@ def render_record(record: dict[str, Any]) -> Text:
     out.append("reward:   ", style="bold")
     out.append(f"{float(record.get('reward') or 0):.3f}  ", style="bold green" if record.get("reward") else "bold red")
     out.append(" ".join(f"{k}={v:.2f}" for k, v in components.items()) + "\n")
+    if record.get("outcome"):  # dumps from before the search diagnostics have none
+        out.append("outcome:  ", style="bold")
+        out.append(
+            f"{record['outcome']} · gold retrieved: {'yes' if record.get('gold_retrieved') else 'no'}\n",
+            style="bold green" if record["outcome"] == "correct" else "bold red",
+        )
     stats = record.get("stats") or {}
     out.append(
         f"stop: {record.get('stop_reason')} · turns {stats.get('turns')} · searches {stats.get('searches')} · "

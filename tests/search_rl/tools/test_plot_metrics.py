@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from search_rl.tools.plot_metrics import main, plot_run, read_metrics
+from search_rl.tools.plot_metrics import PANELS, main, plot_run, read_metrics
 from search_rl.tracking import build_tracker
 
 
@@ -40,6 +40,39 @@ def test_plots_from_tracker_metrics(tmp_path):
     assert "validation" not in names  # no val/ metrics in this run
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5_000
+
+
+def test_search_panels(tmp_path):
+    tracker = build_tracker(["jsonl"], tmp_path, 2, "p", "e", {})
+    for step in (1, 2):
+        tracker.log(
+            {
+                "reward/em": 0.2,
+                "rollout/valid_search_rate": 0.9,
+                "rollout/duplicate_query_rate": 0.1 * step,
+                "rollout/gold_retrieved": 0.5,
+                "rollout/read_wrong": 0.3,
+                "rollout/retrieval_missed": 0.4,
+                "rollout/no_answer": 0.1,
+                "rollout/em_searches_1": 0.3,
+                "rollout/n_searches_1": 4.0,
+                "rollout/answer_words_mean": 2.5,
+            },
+            step,
+        )
+    tracker.close()
+    names = {p.stem for p in plot_run(tmp_path)}
+    assert {"search_quality", "answer_outcomes", "em_by_searches", "answer_length"} <= names
+    assert "searches" not in names, "the count panel draws searches_mean/turns_mean, absent here"
+    series = read_metrics(tmp_path / "metrics.jsonl")
+    panels = {p.name: p for p in PANELS}
+    assert sorted(k for k in series if panels["em_by_searches"].select(k)) == ["rollout/em_searches_1"]
+    assert sorted(k for k in series if panels["answer_outcomes"].select(k)) == [
+        "reward/em",
+        "rollout/no_answer",
+        "rollout/read_wrong",
+        "rollout/retrieval_missed",
+    ]
 
 
 def test_missing_metrics_is_a_clear_error(tmp_path, caplog):
