@@ -115,6 +115,13 @@ def check_mode(cfg: PPOConfig) -> None:
             "algorithm.filter_groups.enable=true rolls out more prompts inside the lock-step step; it does not "
             f"combine with trainer.mode={cfg.trainer.mode} (use trainer.mode=sync)"
         )
+    stale = cfg.trainer.mode == "one_step_off" or (cfg.trainer.mode == "async" and cfg.trainer.max_staleness > 0)
+    if stale and not getattr(cfg.algorithm, "tis_cap", 0):
+        logger.warning(
+            "trainer.mode=%s trains on samples of older weights without algorithm.tis_cap: the PPO ratio starts "
+            "from recomputed log-probs and nothing corrects for the older policy that sampled (set e.g. tis_cap=2)",
+            cfg.trainer.mode,
+        )
 
 
 def source_settings(cfg: PPOConfig) -> SourceSettings:
