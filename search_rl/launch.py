@@ -19,6 +19,7 @@ from search_rl.agent.retriever_client import RetrieverError
 from search_rl.config import ConfigError, TrainerConfig, to_config
 from search_rl.ray_session import ray_session
 from search_rl.tracking import Tracker, build_tracker
+from search_rl.trainer import RetrieverOutage
 from search_rl.workers import LocalWorkerGroup, WorkerGroup, WorkerSpec
 
 PREPARE_ERRORS = (ConfigError, ValueError, RetrieverError, FileNotFoundError, ImportError)
@@ -112,12 +113,17 @@ def run_main(
     logger: logging.Logger,
 ) -> None:
     """The body of an entry point's ``main``: the typed config, ``prepare`` (a setup error exits with code 2 and one
-    line saying that ``what`` cannot start), then ``train``."""
+    line saying that ``what`` cannot start), then ``train`` (a retriever outage, ``RetrieverOutage``, exits with
+    code 3 and one line; the last checkpoint is kept for a resume)."""
     try:
         cfg = to_config(composed)
         prepared = prepare(cfg, OmegaConf.to_container(composed, resolve=True))  # type: ignore[arg-type]
     except PREPARE_ERRORS as e:
         logger.error("cannot start %s: %s", what, e)
         sys.exit(2)
-    history = train(cfg, prepared)
+    try:
+        history = train(cfg, prepared)
+    except RetrieverOutage as e:  # the circuit breaker: the message says what to check; the traceback would not
+        logger.error("stopped %s: %s", what, e)
+        sys.exit(3)
     logger.info("done: %d steps logged; checkpoints and metrics in %s", len(history), cfg.trainer.default_local_dir)
