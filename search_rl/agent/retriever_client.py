@@ -2,7 +2,8 @@
 
 One shared ``httpx.AsyncClient`` per event loop; large query batches are split into chunks sent concurrently under a
 semaphore; each chunk starts at the next URL (round-robin) and a retry moves to the following URL (failover).
-Connection errors, timeouts, 429 and 5xx are retried with exponential backoff for ``retry_window_s`` seconds (long
+Connection errors, timeouts, 429 and 5xx are retried with exponential backoff (or after the server's ``Retry-After``
+when it asks for longer: an overloaded retriever's 503 says when to come back) for ``retry_window_s`` seconds (long
 enough to outlast a retriever restart); other 4xx and malformed answers are not (retrying cannot fix them). Every
 final failure raises ``RetrieverError`` naming the URL and how to start a server there; no ``(result, error)``
 tuples. ``check_reachable`` runs before training: ``GET /health`` and one real ``POST /retrieve`` per URL.
@@ -27,6 +28,21 @@ from search_rl.datatypes import Passage
 logger = logging.getLogger(__name__)
 
 _RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
+def retry_after_s(header: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header in its delay form (``"3"``); None when absent or an HTTP date.
+
+    >>> retry_after_s("3"), retry_after_s(None), retry_after_s("Wed, 21 Oct 2015 07:28:00 GMT")
+    (3.0, None, None)
+    """
+    if header is None:
+        return None
+    try:
+        value = float(header.strip())
+    except ValueError:
+        return None
+    return value if value >= 0 else None
 PROBE_QUERY = "retriever start-up check"
 """The query ``check_reachable`` sends to prove that ``POST /retrieve`` answers."""
 
@@ -153,6 +169,7 @@ class RetrieverClient:
         start = time.monotonic()
         attempt, last_problem = 0, ""
         while True:
+            server_wait: float | None = None
             url = self.urls[(first + attempt) % len(self.urls)]
             self.requests_by_url[url] += 1
             try:
@@ -169,7 +186,8 @@ class RetrieverClient:
                         f"retriever {url}/retrieve answered HTTP {resp.status_code}: {resp.text[:300]}", url
                     )
                 last_problem = f"HTTP {resp.status_code}: {resp.text[:200]}"
-            delay = self._retry_delay(attempt, time.monotonic() - start)
+                server_wait = retry_after_s(resp.headers.get("retry-after"))
+            delay = self._retry_delay(attempt, time.monotonic() - start, server_wait)
             if delay is None:
                 break
             logger.warning("retriever %s failed (%s); retry %d in %.1fs", url, last_problem, attempt + 1, delay)
@@ -184,14 +202,16 @@ class RetrieverClient:
             url,
         )
 
-    def _retry_delay(self, attempt: int, elapsed_s: float) -> float | None:
-        """Wait before retry ``attempt + 1``: exponential backoff cut to what is left of the retry window, or None
-        when the window (or ``max_retries``) is spent."""
+    def _retry_delay(self, attempt: int, elapsed_s: float, server_wait_s: float | None = None) -> float | None:
+        """Wait before retry ``attempt + 1``: exponential backoff, or the server's ``Retry-After`` when it asks for
+        longer (an overloaded retriever says when its queue will have drained), cut to what is left of the retry
+        window; None when the window (or ``max_retries``) is spent."""
         cfg = self.cfg
         left = cfg.retry_window_s - elapsed_s
         if left <= 0 or (cfg.max_retries is not None and attempt >= cfg.max_retries):
             return None
-        return min(cfg.backoff_max_s, cfg.backoff_s * 2**attempt, left)
+        backoff = min(cfg.backoff_max_s, cfg.backoff_s * 2**attempt)
+        return min(max(backoff, server_wait_s or 0.0), left)
 
     def check_reachable(self, timeout_s: float = 10.0) -> None:
         """Fail fast before a run: every URL must be ready (``GET /health``) and answer one real ``POST /retrieve``.

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from search_rl.agent.retriever_client import RetrieverClient, RetrieverError
+from search_rl.agent.retriever_client import RetrieverClient, RetrieverError, retry_after_s
 from search_rl.config import RetrieverClientConfig
 from search_rl.datatypes import Passage
 
@@ -88,6 +88,24 @@ def test_5xx_is_retried_then_succeeds():
     client = _client("http://r", httpx.MockTransport(handler), max_retries=3)
     assert asyncio.run(client.search(["q"]))[0][0] == Passage("1", "T", "q", 1.0)
     assert len(calls) == 3 and client.retries == 2
+
+
+def test_an_overloaded_servers_retry_after_is_honoured_within_the_window():
+    calls: list[float] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(time.monotonic())
+        if len(calls) == 1:  # the retriever's load shedding: 503 with the seconds until its queue drains
+            return httpx.Response(503, headers={"Retry-After": "0.5"}, text="overloaded: retry in 0.5s")
+        return httpx.Response(200, json=_ok_body(["q"]))
+
+    client = _client("http://r", httpx.MockTransport(handler))  # backoff 0.01 s: the header decides
+    assert asyncio.run(client.search(["q"]))[0][0] == Passage("1", "T", "q", 1.0)
+    assert len(calls) == 2 and calls[1] - calls[0] >= 0.5
+    # a Retry-After longer than the rest of the window is cut to it; a shorter one leaves the backoff
+    assert _client("http://r", retry_window_s=2.0)._retry_delay(0, 1.5, 30.0) == pytest.approx(0.5)
+    assert _client("http://r", backoff_s=1.0, backoff_max_s=4.0)._retry_delay(1, 0.0, 0.5) == 2.0
+    assert retry_after_s("7") == 7.0 and retry_after_s("Wed, 21 Oct 2015 07:28:00 GMT") is None
 
 
 @pytest.mark.parametrize(
