@@ -60,10 +60,13 @@ class Schedule:
     max_staleness: int
     capacity_batches: int
     lockstep: bool = False
+    reuse_old: bool = False
+    """Old log-probs from the rollout (on-policy batches only): learning skips the old log-prob pass."""
 
 
 SCHEDULES = (
     Schedule("sync", 0, 0, 1, lockstep=True),
+    Schedule("sync, old log-probs from the rollout", 0, 0, 1, lockstep=True, reuse_old=True),
     Schedule("one_step_off", 1, 1, 1),
     Schedule("async s=1 q=2, 1 gen", 1, 1, 2),
     Schedule("async s=2 q=3, 1 gen", 1, 2, 3),
@@ -167,7 +170,7 @@ def project(phases: dict[str, float], samples: int, steps: int, seed: int) -> li
             rollout = unit_times(steps * 4, samples, mean_rollout, tail, random.Random(seed))
             base = None
             for sched in SCHEDULES:
-                r = simulate(sched, rollout, learn, steps)
+                r = simulate(sched, rollout, learn - (phases["old_log_prob"] if sched.reuse_old else 0.0), steps)
                 base = base or r["step_s"]
                 rows.append(
                     f"| {label} ({mean_rollout:.1f} s{', long tail' if tail else ''}) / learn {learn:.1f} s | "

@@ -142,7 +142,7 @@ class AsyncRolloutSource:
         self.queue: GroupQueue[Group] = GroupQueue(settings.capacity_groups)
         self.next_index = 1
         self.published = -1
-        self.taken_step = 0
+        self.base_step = 0  # the trainer's step when the source started (or resumed)
         self._open: dict[int, _Unit] = {}  # units with groups not yet taken or dropped
         self._in_flight: dict[Any, _Unit] = {}  # ObjectRef -> unit
         self._retry: list[_Unit] = []
@@ -201,7 +201,6 @@ class AsyncRolloutSource:
                 )
         waited = time.monotonic() - began
         with self._lock:
-            self.taken_step = step
             self._account(taken.groups)
         self._wake.set()
         metrics.update(self._metrics(taken.groups, step - 1, depth, waited))
@@ -222,7 +221,7 @@ class AsyncRolloutSource:
     def load_state_dict(self, state: dict[str, int] | None, step: int) -> None:
         """Continue the unit count of a checkpoint (a synchronous one has none: step ``k + 1`` draws unit ``k + 1``)."""
         self.next_index = int(state["next_unit"]) if state else step + 1
-        self.taken_step = step
+        self.base_step = step
 
     def shutdown(self) -> None:
         """Stop the thread, the generators and the store (queued groups are dropped)."""
@@ -243,7 +242,7 @@ class AsyncRolloutSource:
 
     def start(self, version: int) -> None:
         """Publish the trainer's current weights and start dispatching."""
-        self.taken_step = version
+        self.base_step = version
         self.publish(version)
         self.counters.last_take = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="async-rollout", daemon=True)
@@ -284,8 +283,8 @@ class AsyncRolloutSource:
     def _next_unit(self) -> _Unit | None:
         """The next batch of prompts, if the queue has room for it and its weights would not be too old."""
         s = self.settings
-        queued = len(self.queue) + self.queue.reserved
-        target_step = self.taken_step + 1 + queued // s.groups_per_step
+        taken, ready, reserved = self.queue.counts()
+        target_step = self.base_step + 1 + (taken + ready + reserved) // s.groups_per_step
         if self.published < target_step - 1 - s.max_staleness:
             return None
         if not self.queue.reserve(s.groups_per_step):

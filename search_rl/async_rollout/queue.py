@@ -62,6 +62,7 @@ class GroupQueue(Generic[T]):
         self._ready: list[tuple[int, int, T]] = []  # (weight_version, arrival, group)
         self._reserved = 0
         self._arrivals = 0
+        self._taken = 0
         self._cond = threading.Condition()
         self.max_depth = 0
         """Most groups ever held (ready + reserved): never above ``capacity``."""
@@ -117,6 +118,7 @@ class GroupQueue(Generic[T]):
                     self._cond.notify_all()  # room freed for producers
                 if len(self._ready) >= n:
                     taken, self._ready = self._ready[:n], self._ready[n:]
+                    self._taken += n
                     self._cond.notify_all()
                     return Taken([e[2] for e in taken], dropped, depth)
                 left = deadline - time.monotonic()
@@ -135,6 +137,12 @@ class GroupQueue(Generic[T]):
         """Wake every waiter (after an outside event: new weights, a failure, shutdown)."""
         with self._cond:
             self._cond.notify_all()
+
+    def counts(self) -> tuple[int, int, int]:
+        """``(taken so far, ready, reserved)`` in groups, read at one instant (a producer's scheduling decision must
+        not see a group gone from the queue but not yet counted as taken)."""
+        with self._cond:
+            return self._taken, len(self._ready), self._reserved
 
     def __len__(self) -> int:
         """Ready groups."""
