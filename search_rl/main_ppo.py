@@ -189,6 +189,9 @@ def build_trainer(
         reward=cfg.reward,
         max_retriever_error_rate=cfg.actor_rollout_ref.rollout.max_retriever_error_rate,
         train_on_retriever_errors=cfg.actor_rollout_ref.rollout.train_on_retriever_errors,
+        old_logprobs=cfg.actor_rollout_ref.actor.old_logprobs,
+        on_policy_update=cfg.on_policy_update,
+        engine_matches_trainer=cfg.actor_rollout_ref.rollout.engine == "hf" and cfg.model.dtype == "float32",
     )
     return PPOTrainer(
         cfg.trainer,

@@ -13,6 +13,7 @@ resumed from a checkpoint reproduces the uninterrupted run's next steps on CPU.
 from __future__ import annotations
 
 import logging
+import math
 import random
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -26,13 +27,16 @@ from search_rl.checkpoint import TRAINER_STATE, CheckpointManager
 from search_rl.config import AlgorithmConfig, StepSettings, TrainerConfig
 from search_rl.data import PromptLoader
 from search_rl.datatypes import RewardResult, RolloutResult, Trajectory
+from search_rl.dynamic_sampling import GroupFilter, sample_filtered
 from search_rl.protocol import BatchMeta, PromptBatch, TrainBatch
 from search_rl.scoring import answer_metrics, reward_metrics, score_trajectories
+from search_rl.search_stats import search_metrics
 from search_rl.steps import (
     build_train_batch,
     compute_advantages,
     failed_search_mask,
     merge_rollout_metrics,
+    old_logprob_source,
     place_scores,
     response_length_metrics,
     search_failure_rate,
@@ -48,6 +52,21 @@ class Workers(Protocol):
     def broadcast(self, method: str, *args: Any, **kwargs: Any) -> list[Any]: ...
 
     def map_shards(self, method: str, batch: Any, *args: Any, **kwargs: Any) -> list[Any]: ...
+
+
+class RolloutSource(Protocol):
+    """Where ``trainer.mode`` ``one_step_off`` / ``async`` get their rollouts instead of rolling out in lock-step
+    (``async_rollout.AsyncRolloutSource``: generator actors feeding a bounded queue, weights published by version)."""
+
+    def take(self, step: int, metrics: dict[str, float]) -> tuple[PromptBatch, list[RolloutResult]]: ...
+
+    def publish(self, version: int) -> None: ...
+
+    def data_state_dict(self) -> dict[str, int]: ...
+
+    def state_dict(self) -> dict[str, int]: ...
+
+    def load_state_dict(self, state: dict[str, int] | None, step: int) -> None: ...
 
 
 class RetrieverOutage(RuntimeError):
@@ -84,6 +103,7 @@ class PPOTrainer:
         tracker: metric sinks.
         checkpoints: checkpoint folder manager.
         dumper: rollout dump writer, or None.
+        source: the asynchronous modes' rollouts (generators), or None for ``sync``.
     """
 
     def __init__(
@@ -99,13 +119,16 @@ class PPOTrainer:
         tracker: Tracker,
         checkpoints: CheckpointManager,
         dumper: RolloutDumper | None,
+        source: RolloutSource | None = None,
     ) -> None:
         self.cfg, self.algo, self.settings = cfg, algo, settings
         self.actor, self.critic = actor, critic
         self.train_data, self.val_data = train_data, val_data
         self.tracker, self.checkpoints, self.dumper = tracker, checkpoints, dumper
         self.kl_ctrl = build_kl_controller(algo) if algo.use_kl_in_reward else None
+        self.source = source
         self.step = 0
+        self.old_source = "recompute"  # of the batch being trained on (``compute_old_logprobs``)
 
     # --- the loop ----------------------------------------------------------------------------------------------
 
@@ -130,7 +153,7 @@ class PPOTrainer:
         """One step: collect a scored batch (``collect``), then learn from it (``learn``)."""
         m: dict[str, float] = {}
         with timer("step", m):
-            collected = self.collect(m)
+            collected = self.collect(m) if self.source is None else self.collect_async(m)
             batch = self.learn(collected, m)
             self.dump(
                 "train", collected.prompts, collected.trajectories, collected.results, batch, batch.meta.weight_version
@@ -140,12 +163,50 @@ class PPOTrainer:
 
     def collect(self, m: dict[str, float]) -> Collected:
         """The step's training data: the next prompts, rolled out with search and scored."""
+        if self.algo.filter_groups.enable:
+            return self._collect_filtered(m)
         prompts = self.train_data.next_batch()
         with timer("rollout", m):
             trajectories = self.generate(prompts, m)
         with timer("reward", m):
             batch, results = self.score(prompts, trajectories, m)
         return Collected(prompts, trajectories, results, batch)
+
+    def _collect_filtered(self, m: dict[str, float]) -> Collected:
+        """``collect`` with DAPO's dynamic sampling (``algorithm.filter_groups``, ``search_rl/dynamic_sampling.py``):
+        generation batches of ``data.train_batch_size`` prompts until that many groups whose rewards differ are kept,
+        or ``max_num_gen_batches`` are spent; then the step trains on the groups kept (padding left out)."""
+        fg, n, workers = self.algo.filter_groups, self.train_data.n_samples, self.cfg.n_workers
+        unit = workers // math.gcd(n, workers)  # groups per even split of the batch over the workers
+        groups = GroupFilter(self.train_data.batch_size, fg.max_num_gen_batches, fg.metric, unit)
+        selection = sample_filtered(self.train_data.next_batch, self._roll_out_and_score, groups)
+        m.update(selection.metrics)
+        chosen = selection.rollouts
+        prompts, trajectories, results = chosen.prompts, list(chosen.trajectories), list(chosen.results)
+        with timer("reward", m):
+            batch = self.collate(prompts, trajectories, results, m, left_out=selection.padding)
+        return Collected(prompts, trajectories, results, batch)
+
+    def _roll_out_and_score(
+        self, prompts: PromptBatch, metrics: dict[str, float], salt: int
+    ) -> tuple[list[Trajectory], list[RewardResult]]:
+        with timer("rollout", metrics):
+            trajectories = self.generate(prompts, metrics, salt=salt)
+        with timer("reward", metrics):
+            return trajectories, self.rewards(prompts, trajectories, metrics)
+
+    def collect_async(self, m: dict[str, float]) -> Collected:
+        """``collect`` of ``trainer.mode`` one_step_off / async: whole groups from the generators' bounded queue, at
+        most ``max_staleness`` weight versions old, scored here like a synchronous rollout. The batch's weight
+        version is its oldest sample's."""
+        assert self.source is not None
+        with timer("rollout", m):
+            prompts, results = self.source.take(self.step, m)
+            trajectories = self._rolled_out(results, m)
+            m["rollout/weight_version"] = min(r.metrics.get("rollout/weight_version", 0.0) for r in results)
+        with timer("reward", m):
+            batch, scores = self.score(prompts, trajectories, m)
+        return Collected(prompts, trajectories, scores, batch)
 
     def learn(self, collected: Collected, m: dict[str, float]) -> TrainBatch:
         """Log-probs → values → advantages → critic and actor updates → weight sync; returns the trained batch."""
@@ -163,6 +224,9 @@ class PPOTrainer:
         if self.critic is not None:
             with timer("update_critic", m):
                 m.update(self.update_critic(batch))
+        if self.step <= self.cfg.critic_warmup:  # the critic learns first: the policy and the engines stay as they are
+            m["critic/warmup"] = 1.0
+            return batch
         with timer("update_actor", m):
             m.update(self.update_actor(batch))
         with timer("sync_weights", m):
@@ -171,11 +235,15 @@ class PPOTrainer:
 
     # --- phases ------------------------------------------------------------------------------------------------
 
-    def generate(self, prompts: PromptBatch, metrics: dict[str, float]) -> list[Trajectory]:
-        """Sampled rollouts with search, sharded over the actor workers."""
+    def generate(self, prompts: PromptBatch, metrics: dict[str, float], salt: int = 0) -> list[Trajectory]:
+        """Sampled rollouts with search, sharded over the actor workers (``salt`` varies the seed within a step)."""
         results: list[RolloutResult] = self.actor.map_shards(
-            "generate", prompts, greedy=False, seed=_step_seed(self.cfg.seed, self.step)
+            "generate", prompts, greedy=False, seed=_step_seed(self.cfg.seed, self.step, salt)
         )
+        return self._rolled_out(results, metrics)
+
+    def _rolled_out(self, results: list[RolloutResult], metrics: dict[str, float]) -> list[Trajectory]:
+        """The trajectories of the shards' results, with their rollout metrics, after the retriever check."""
         trajectories = [t for r in results for t in r.trajectories]
         metrics.update(merge_rollout_metrics(results))
         metrics.update(response_length_metrics(trajectories))
@@ -198,18 +266,59 @@ class PPOTrainer:
         self, prompts: PromptBatch, trajectories: list[Trajectory], metrics: dict[str, float]
     ) -> tuple[TrainBatch, list[RewardResult]]:
         """Rewards per sample, collated into a ``TrainBatch`` with token-level scores."""
-        results = score_trajectories(trajectories, prompts, self.settings.reward)
+        results = self.rewards(prompts, trajectories, metrics)
+        return self.collate(prompts, trajectories, results, metrics), results
+
+    def rewards(
+        self, prompts: PromptBatch, trajectories: list[Trajectory], metrics: dict[str, float]
+    ) -> list[RewardResult]:
+        """Shaped rewards per sample, and their metrics."""
+        results = score_trajectories(
+            trajectories, prompts, self.settings.reward, max_response_tokens=self.settings.response_width
+        )
         metrics.update(reward_metrics(results, prompts.data_sources, prompts.uids))
+        metrics.update(search_metrics(trajectories, results, prompts.targets, "rollout"))
+        return results
+
+    def collate(
+        self,
+        prompts: PromptBatch,
+        trajectories: list[Trajectory],
+        results: list[RewardResult],
+        metrics: dict[str, float],
+        left_out: tuple[bool, ...] = (),
+    ) -> TrainBatch:
+        """The ``TrainBatch`` of scored rollouts; samples with a failed search (unless trained on) and those
+        ``left_out`` marks (dynamic sampling's padding) get ``sample_mask`` 0."""
         meta = BatchMeta(step=self.step, weight_version=int(metrics.get("rollout/weight_version", 0)))
         batch = build_train_batch(trajectories, prompts, self.settings.pad_token_id, self.settings.response_width, meta)
+        keep = None
         if not self.settings.train_on_retriever_errors:
             keep = failed_search_mask(trajectories)  # (B,)
             metrics["rollout/left_out_retriever_errors"] = float(len(keep) - int(keep.sum()))
+        if any(left_out):
+            kept = torch.tensor([int(not x) for x in left_out], dtype=torch.long)  # (B,)
+            keep = kept if keep is None else keep * kept
+        if keep is not None:
             batch = batch.replace(sample_mask=keep)
-        return batch.replace(token_level_scores=place_scores(batch, [r.score for r in results])), results
+        return batch.replace(token_level_scores=place_scores(batch, [r.score for r in results]))
 
     def compute_old_logprobs(self, batch: TrainBatch, metrics: dict[str, float]) -> TrainBatch:
-        """Log-probs under the policy that sampled (recomputed, as the engine's may differ numerically)."""
+        """The PPO ratio's old log-probs, from where ``steps.old_logprob_source`` says: recomputed under the
+        current weights, the engine's sampling log-probs, or none (``current``: the update uses its own)."""
+        source = old_logprob_source(
+            self.settings.old_logprobs,
+            fresh=batch.meta.weight_version == self.step - 1,
+            on_policy_update=self.settings.on_policy_update,
+            engine_matches_trainer=self.settings.engine_matches_trainer,
+            needed_before_update=self.algo.use_kl_in_reward,
+        )
+        self.old_source = source
+        metrics["actor/old_logprobs_recomputed"] = float(source == "recompute")
+        if source == "current":
+            return batch
+        if source == "rollout":
+            return batch.replace(old_logprobs=batch.rollout_logprobs)
         parts = self.actor.map_shards("compute_log_prob", batch)
         old = torch.cat([lp for lp, _ in parts])  # (B, T)
         entropy = torch.cat([ent for _, ent in parts])  # (B, T)
@@ -237,7 +346,8 @@ class PPOTrainer:
         first = {uid: i for i, uid in reversed(list(enumerate(prompts.uids)))}
         unique = prompts.select(sorted(first.values()))
         results = self.actor.map_shards("generate", unique, greedy=True, seed=0)
-        scores = score_trajectories([t for r in results for t in r.trajectories], unique, self.settings.reward)
+        trajectories = [t for r in results for t in r.trajectories]
+        scores = score_trajectories(trajectories, unique, self.settings.reward, self.settings.response_width)
         by_uid = {uid: s.score for uid, s in zip(unique.uids, scores, strict=True)}
         return torch.tensor([by_uid[u] for u in prompts.uids], dtype=torch.float32)
 
@@ -246,10 +356,15 @@ class PPOTrainer:
         return mean_worker_metrics(self.critic.map_shards("update_critic", batch, step=self.step))
 
     def update_actor(self, batch: TrainBatch) -> dict[str, float]:
-        return mean_worker_metrics(self.actor.map_shards("update_actor", batch, step=self.step))
+        on_policy = self.old_source == "current"
+        return mean_worker_metrics(self.actor.map_shards("update_actor", batch, step=self.step, on_policy=on_policy))
 
     def sync_weights(self) -> None:
-        """Push the new weights to the rollout engines, versioned by the step that produced them."""
+        """Push the new weights to the rollout engines, versioned by the step that produced them (the asynchronous
+        modes publish them for the generators to pull: ``RolloutSource.publish``)."""
+        if self.source is not None:
+            self.source.publish(self.step)
+            return
         versions = self.actor.broadcast("sync_weights", self.step)
         if set(versions) != {self.step}:
             raise RuntimeError(f"weight sync: engines report versions {versions}, expected {self.step}")
@@ -259,9 +374,9 @@ class PPOTrainer:
         assert self.val_data is not None
         results: list[RolloutResult] = self.actor.map_shards("generate", self.val_data, greedy=True, seed=0)
         trajectories = [t for r in results for t in r.trajectories]
-        scores = score_trajectories(trajectories, self.val_data, self.settings.reward)
+        scores = score_trajectories(trajectories, self.val_data, self.settings.reward, self.settings.response_width)
         self.dump("val", self.val_data, trajectories, scores, None, self.step)
-        return answer_metrics(trajectories, scores, self.val_data.data_sources, "val")
+        return answer_metrics(trajectories, scores, self.val_data.data_sources, "val", self.val_data.targets)
 
     def dump(
         self,
@@ -322,7 +437,8 @@ class PPOTrainer:
     def state_dict(self) -> dict[str, Any]:
         return {
             "step": self.step,
-            "data": self.train_data.state_dict(),
+            "data": self.train_data.state_dict() if self.source is None else self.source.data_state_dict(),
+            "rollout_source": self.source.state_dict() if self.source is not None else None,
             "kl_ctrl": self.kl_ctrl.state_dict() if self.kl_ctrl is not None else None,
             "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
         }
@@ -330,6 +446,8 @@ class PPOTrainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
         self.train_data.load_state_dict(state["data"])
+        if self.source is not None:  # what was queued or in flight is dropped; its prompts are drawn again
+            self.source.load_state_dict(state.get("rollout_source"), self.step)
         if self.kl_ctrl is not None and state["kl_ctrl"] is not None:
             self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         random.setstate(state["rng"]["python"])

@@ -5,13 +5,39 @@ take it whole, so the trainer hands one object around and never branches on esti
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from search_rl.algorithms.advantages import ADVANTAGES
 from search_rl.algorithms.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
 
 KL_CTRL_TYPES = ("fixed", "adaptive")
 """Valid ``kl_ctrl_type`` values."""
+
+
+@dataclass
+class FilterGroupsConfig:
+    """DAPO's dynamic sampling (https://arxiv.org/abs/2503.14476): train only on groups whose rewards differ, and
+    roll out further prompts to fill the batch (``search_rl/dynamic_sampling.py``, ``docs/algorithms.md``)."""
+
+    enable: bool = False
+    """Drop the groups (the ``rollout.n`` samples of a prompt) whose ``metric`` is equal on every sample, and roll
+    out further batches of prompts until ``data.train_batch_size`` groups with a spread are kept."""
+    metric: str = "score"
+    """What must differ within a group: ``score`` (the shaped reward the advantages use) or a component of the
+    reward (``em``, ``f1``, ``subem``, ``format``, ...; DAPO filters on accuracy, ``em`` here)."""
+    max_num_gen_batches: int = 10
+    """Most generation batches (of ``data.train_batch_size`` prompts each) per step. When they are spent the step
+    trains on the groups kept so far (logged as ``dynamic_sampling/cap_hit``); never unlimited, so a policy that
+    solves (or fails) every prompt cannot loop for ever."""
+
+    def __post_init__(self) -> None:
+        if self.max_num_gen_batches < 1:
+            raise ValueError(
+                f"algorithm.filter_groups.max_num_gen_batches must be >= 1, got {self.max_num_gen_batches}; "
+                "unlike verl, 0 (no limit) is refused: a step could roll out for ever once every group is flat"
+            )
+        if not self.metric:
+            raise ValueError("algorithm.filter_groups.metric is empty; use score or a reward component such as em")
 
 
 @dataclass
@@ -45,7 +71,8 @@ class AlgorithmConfig:
     value_clip: float = 0.5
     """Clip range of the value prediction around the old value, in reward units (PPO value clipping)."""
     entropy_coeff: float = 0.0
-    """Weight of the entropy bonus subtracted from the actor loss (0 = off)."""
+    """Weight of the entropy bonus subtracted from the actor loss (0 = off). The ``ppo`` and ``grpo`` presets set
+    Search-R1's 0.001."""
     use_kl_in_reward: bool = False
     """Subtract ``kl_coef * KL(policy || reference)`` from the token-level rewards before advantages."""
     kl_coef: float = 0.001
@@ -71,8 +98,15 @@ class AlgorithmConfig:
     mask_observations: bool = True
     """Exclude inserted ``<information>`` tokens from every loss, KL, entropy and advantage term. False is the
     ablation of Search-R1 without retrieved-token masking: the mask becomes the attention mask."""
+    tis_cap: float = 0.0
+    """Truncated importance sampling over the rollout/trainer mismatch: each token's advantage is scaled by
+    ``min(exp(old_logprobs - rollout_logprobs), tis_cap)`` (0 = off; 2.0 is the usual cap). Use it when the engine's
+    log-probs differ from the trainer's (vLLM in bf16) or come from older weights (asynchronous training)."""
     policy_loss: str = "ppo_clip"
-    """Policy loss, a name in ``POLICY_LOSSES`` or an import string ``"pkg.module:function"``."""
+    """Policy loss, a name in ``POLICY_LOSSES`` (``ppo_clip``, ``gspo``) or an import string
+    ``"pkg.module:function"``."""
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    """DAPO's dynamic sampling: keep only groups whose rewards differ (off by default)."""
 
     def __post_init__(self) -> None:
         for field_name, registry in (
@@ -105,6 +139,8 @@ class AlgorithmConfig:
                 f"algorithm.clip_ratio_c must be > 1 (the dual-clip bound lies above the ratio 1), got "
                 f"{self.clip_ratio_c}; use a large value such as 1e9 to turn dual-clip off"
             )
+        if self.tis_cap != 0 and self.tis_cap < 1:
+            raise ValueError(f"algorithm.tis_cap must be 0 (off) or >= 1 (a cap on the weight), got {self.tis_cap}")
         for name in ("value_clip", "entropy_coeff", "kl_coef", "kl_loss_coef"):
             if getattr(self, name) < 0:
                 raise ValueError(f"algorithm.{name} must be >= 0, got {getattr(self, name)}")

@@ -66,6 +66,13 @@ class PPOConfig:
         return self.algorithm.use_kl_loss or self.algorithm.use_kl_in_reward
 
     @property
+    def on_policy_update(self) -> bool:
+        """One optimizer step per batch over one epoch: the update starts and ends its only step on the weights
+        that generated the batch, so the PPO ratio is 1 throughout."""
+        actor = self.actor_rollout_ref.actor
+        return actor.ppo_epochs == 1 and actor.ppo_mini_batch_size >= self.data.train_batch_size
+
+    @property
     def needs_greedy_baseline(self) -> bool:
         return estimator_needs(self.algorithm.adv_estimator).greedy_baseline
 
@@ -91,6 +98,27 @@ class PPOConfig:
             raise ConfigError(f"algorithm.adv_estimator={algo.adv_estimator} needs a critic; set critic.enable=true")
         if self.trainer.test_freq > 0 and not self.data.val_files:
             raise ConfigError("trainer.test_freq > 0 but data.val_files is empty; add files or set test_freq=0")
+        self._validate_dapo_and_warmup()
+
+    def _validate_dapo_and_warmup(self) -> None:
+        """Dynamic sampling needs groups, the overlong buffer must fit the budget, critic warm-up needs a critic."""
+        if self.algorithm.filter_groups.enable and self.n_samples < 2:
+            raise ConfigError(
+                f"algorithm.filter_groups.enable keeps groups whose rewards differ, but actor_rollout_ref.rollout.n="
+                f"{self.n_samples} gives groups of one sample; set it to 2 or more"
+            )
+        budget, buffer = self.actor_rollout_ref.rollout.max_response_tokens, self.reward.overlong_buffer_tokens
+        if buffer >= budget:
+            raise ConfigError(
+                f"reward.overlong_buffer_tokens={buffer} must be below actor_rollout_ref.rollout.max_response_tokens="
+                f"{budget}: the overlong penalty starts that many tokens before the budget"
+            )
+        if self.trainer.critic_warmup > 0 and not self.use_critic:
+            raise ConfigError(
+                f"trainer.critic_warmup={self.trainer.critic_warmup} warms up a critic, but the run has none "
+                f"(algorithm.adv_estimator={self.algorithm.adv_estimator}, critic.enable={self.critic.enable}); "
+                "set trainer.critic_warmup=0"
+            )
 
     def _validate_batches(self) -> None:
         n, workers = self.n_samples, self.trainer.n_workers

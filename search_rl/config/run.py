@@ -12,6 +12,9 @@ DEVICES = ("auto", "cpu", "cuda")
 
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 
+TRAINER_MODES = ("sync", "one_step_off", "async")
+"""``trainer.mode`` values (docs/training.md#training-modes)."""
+
 
 @dataclass
 class DataConfig:
@@ -57,8 +60,19 @@ class RewardConfig:
     measure of its extracted answer (the larger of that and ``format_score`` counts)."""
     partial_credit_weight: float = 0.0
     """Shaping: weight of ``partial_credit``; > 0 exactly when it is set, and below ``1 - format_score``."""
+    overlong_buffer_tokens: int = 0
+    """DAPO's overlong penalty (0 = off): a response longer than ``rollout.max_response_tokens`` minus this many
+    tokens loses up to ``overlong_penalty_factor``, linearly, reaching it at the budget. The length is the whole
+    response, model tokens and observations, as the budget counts it. Below ``rollout.max_response_tokens``."""
+    overlong_penalty_factor: float = 1.0
+    """The overlong penalty at the budget (DAPO: 1.0); >= 0."""
 
     def __post_init__(self) -> None:
+        if self.overlong_buffer_tokens < 0 or self.overlong_penalty_factor < 0:
+            raise ConfigError(
+                f"reward.overlong_buffer_tokens ({self.overlong_buffer_tokens}) and reward.overlong_penalty_factor "
+                f"({self.overlong_penalty_factor}) must be >= 0 (a buffer of 0 turns the overlong penalty off)"
+            )
         fs, credit, weight = self.format_score, self.partial_credit, self.partial_credit_weight
         if not 0 <= fs < MAX_FORMAT_SCORE:
             raise ConfigError(
@@ -101,6 +115,9 @@ class TrainerConfig:
     """Where checkpoints, metrics, rollout dumps and the Hydra config of the run go."""
     total_training_steps: int = 6
     """Training steps to run (a resumed run continues up to this number)."""
+    critic_warmup: int = 0
+    """Steps 1..N update only the critic (verl's key): the actor is not updated and the engines keep the initial
+    weights, so the values fit the starting policy before it moves. Needs a critic; 0 = off."""
     save_freq: int = 3
     """Save a checkpoint every this many steps, and after the last step (0 = never)."""
     test_freq: int = 3
@@ -135,10 +152,27 @@ class TrainerConfig:
     """Seed of data order, sampling and initialisation (resumed runs reproduce the same steps)."""
     worker_timeout_s: float = 3600.0
     """Longest wait for one call on the workers before the run fails (a stuck collective never hangs forever)."""
+    mode: str = "sync"
+    """``sync`` (roll out, then learn: lock-step), ``one_step_off`` (a generator rolls out step k+1 while the actor
+    learns from step k: every batch is one weight version old) or ``async`` (generators roll out continuously into a
+    bounded queue, at most ``max_staleness`` versions old). See docs/training.md#training-modes."""
+    n_generators: int = 1
+    """Rollout-only generator actors in ``one_step_off`` (exactly 1) and ``async`` (any); none in ``sync``."""
+    max_staleness: int = 1
+    """``async``: a group is trained on only if its weights are at most this many versions older than the trainer's
+    (older ones are dropped and counted in ``async/dropped_stale``); 0 = on-policy, the ``sync`` schedule."""
+    max_queue_batches: int = 2
+    """``async``: bound of the trainer's queue, in training batches, counting finished groups and those being
+    generated (back-pressure stops the generators at the bound)."""
+    max_generator_restarts: int = 3
+    """Generator actors that die are replaced (their unit generated again) this many times per run; then the run
+    stops with an error."""
 
     def __post_init__(self) -> None:
         if self.total_training_steps < 1:
             raise ConfigError(f"trainer.total_training_steps must be >= 1, got {self.total_training_steps}")
+        if self.critic_warmup < 0:
+            raise ConfigError(f"trainer.critic_warmup must be >= 0 steps, got {self.critic_warmup}")
         if self.n_workers < 1:
             raise ConfigError(f"trainer.n_workers must be >= 1, got {self.n_workers}")
         if self.device not in DEVICES:
@@ -156,6 +190,28 @@ class TrainerConfig:
             )
         if self.cpus_per_worker <= 0 or self.worker_timeout_s <= 0 or self.max_ckpt_to_keep < 0:
             raise ConfigError("trainer.cpus_per_worker and worker_timeout_s must be > 0, max_ckpt_to_keep >= 0")
+        self._check_mode()
+
+    def _check_mode(self) -> None:
+        if self.mode not in TRAINER_MODES:
+            raise ConfigError(f"trainer.mode must be one of {TRAINER_MODES}, got {self.mode!r}")
+        for key, value, low in (
+            ("n_generators", self.n_generators, 1),
+            ("max_staleness", self.max_staleness, 0),
+            ("max_queue_batches", self.max_queue_batches, 1),
+            ("max_generator_restarts", self.max_generator_restarts, 0),
+        ):
+            if value < low:
+                raise ConfigError(f"trainer.{key} must be >= {low}, got {value}")
+        if self.mode != "sync" and not self.use_ray:
+            raise ConfigError(
+                f"trainer.mode={self.mode} runs generator actors on Ray; set trainer.use_ray=true or trainer.mode=sync"
+            )
+        if self.mode == "one_step_off" and self.n_generators != 1:
+            raise ConfigError(
+                f"trainer.mode=one_step_off overlaps one batch with one generator; got trainer.n_generators="
+                f"{self.n_generators} (use trainer.mode=async for several)"
+            )
 
 
 @dataclass(frozen=True)
@@ -176,3 +232,9 @@ class StepSettings:
     """Stop the run when more than this share of a step's searches failed (``rollout.max_retriever_error_rate``)."""
     train_on_retriever_errors: bool = False
     """Keep trajectories with a failed search in the loss (``rollout.train_on_retriever_errors``)."""
+    old_logprobs: str = "recompute"
+    """``actor_rollout_ref.actor.old_logprobs``: ``auto``, ``recompute`` or ``rollout``."""
+    on_policy_update: bool = False
+    """The actor takes one optimizer step per batch over one epoch (one mini-batch holds the whole batch)."""
+    engine_matches_trainer: bool = False
+    """The engine's log-probs are the trainer's up to float noise (HF engine, float32 compute)."""

@@ -23,6 +23,7 @@ import logging
 import resource
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -48,6 +49,7 @@ from search_rl.models.lora import (
     lora_scaling,
     merged_state_dict,
     reference_forward,
+    save_adapters,
 )
 from search_rl.models.weights import save_hf_folder, tensor_aliases, without_aliases
 from search_rl.protocol import PromptBatch, TrainBatch
@@ -64,20 +66,31 @@ SEED_STRIDE_PER_RANK = 100_003
 
 
 def actor_loss(
-    micro: TrainBatch, logprobs: torch.Tensor, entropy: torch.Tensor | None, algo: AlgorithmConfig
+    micro: TrainBatch,
+    logprobs: torch.Tensor,
+    entropy: torch.Tensor | None,
+    algo: AlgorithmConfig,
+    on_policy: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The masked actor objective of one micro-batch (``compute_actor_loss`` on the batch's ``loss_mask``)."""
-    micro.require("loss_mask", "old_logprobs", "advantages")
-    assert micro.loss_mask is not None and micro.old_logprobs is not None and micro.advantages is not None
+    """The masked actor objective of one micro-batch (``compute_actor_loss`` on the batch's ``loss_mask``).
+
+    ``on_policy``: the batch carries no old log-probs because the update is exactly on-policy; the current ones,
+    detached, serve (the PPO ratio is 1 and the gradient the same as with recomputed ones).
+    """
+    micro.require("loss_mask", "advantages", *(() if on_policy else ("old_logprobs",)))
+    assert micro.loss_mask is not None and micro.advantages is not None
     device = logprobs.device
+    old = logprobs.detach() if on_policy else micro.old_logprobs
+    assert old is not None
     return compute_actor_loss(
         logprobs,
-        micro.old_logprobs.to(device),
+        old.to(device),
         micro.advantages.to(device),
         micro.loss_mask.to(device),
         algo,
         entropy=entropy,
         ref_logprobs=micro.ref_logprobs.to(device) if micro.ref_logprobs is not None and algo.use_kl_loss else None,
+        rollout_logprobs=micro.rollout_logprobs.to(device) if algo.tis_cap > 0 else None,
     )
 
 
@@ -124,9 +137,9 @@ class ActorRolloutRefWorker:
             self.policy = base
             self.reference = frozen if ref is not None else None
         if model.gradient_checkpointing:
-            self.policy.gradient_checkpointing_enable()
+            base.gradient_checkpointing_enable()
             if model.lora_rank:  # the frozen embeddings' output must carry grad for checkpointed blocks
-                self.policy.enable_input_require_grads()
+                base.enable_input_require_grads()
         # The engine's own full copy (the policy's shards cannot generate alone); vLLM loads an export instead.
         hf_engine = rollout.engine == "hf"
         self.engine_model = (copy.deepcopy(frozen) if self.reference is not None else frozen) if hf_engine else None
@@ -207,6 +220,27 @@ class ActorRolloutRefWorker:
         """The base architecture's state dict: adapters merged in (``W + alpha/r * B @ A``) when training LoRA."""
         return merged_state_dict(state, self.lora_scaling) if self.lora_scaling is not None else state
 
+    def publish_weights(self, version: int) -> tuple[int, list[Any]]:
+        """``sync_weights`` of the asynchronous modes: load the weights into this worker's own engine (validation,
+        greedy baselines) and, on rank 0, ``ray.put`` them (compute dtype, CPU, tied tensors once) for the generators
+        to pull (``async_rollout.weights``). Every rank must call it.
+
+        Returns:
+            the engine's version, and ``[object ref]`` on rank 0 (``[]`` elsewhere): a list, so Ray hands the driver
+            the reference rather than the tensors.
+        """
+        assert self.engine is not None
+        state = without_aliases(self._plain_state(D.full_state_dict(self.module)), self.aliases)
+        state = {k: v.to(self.compute_dtype) for k, v in state.items()}
+        self.engine.update_weights(state.items(), version)
+        refs: list[Any] = []
+        if self.spec.rank == 0:
+            import ray
+
+            refs = [ray.put({k: v.detach().cpu() for k, v in state.items()})]
+        del state
+        return self.engine.weight_version, refs
+
     # --- log-probs ---------------------------------------------------------------------------------------------
 
     def compute_log_prob(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -239,8 +273,9 @@ class ActorRolloutRefWorker:
 
     # --- update ------------------------------------------------------------------------------------------------
 
-    def update_actor(self, batch: TrainBatch, step: int) -> dict[str, float]:
-        """PPO update on this worker's shard; returns mean metrics (``actor/*``, ``perf/*``)."""
+    def update_actor(self, batch: TrainBatch, step: int, on_policy: bool = False) -> dict[str, float]:
+        """PPO update on this worker's shard; returns mean metrics (``actor/*``, ``perf/*``). ``on_policy``: the
+        batch has no old log-probs and one optimizer step over one epoch is all it gets (``actor_loss``)."""
         assert self.trainable is not None
         cfg, n = self.actor_cfg, self.rollout_cfg.n or 1
         mini = cfg.ppo_mini_batch_size * n // self.spec.world_size
@@ -250,8 +285,13 @@ class ActorRolloutRefWorker:
             logprobs, entropy = response_logprobs(
                 self.module, micro, self.rollout_cfg.temperature, with_entropy=True, entropy_grad=need_entropy_grad
             )
-            return actor_loss(micro, logprobs, entropy, self.algo)
+            return actor_loss(micro, logprobs, entropy, self.algo, on_policy)
 
+        if on_policy and (cfg.ppo_epochs != 1 or mini < len(batch)):
+            raise ValueError(
+                f"update_actor(on_policy=True) needs one optimizer step over one epoch; got {cfg.ppo_epochs} epoch(s) "
+                f"with mini-batches of {mini} samples for a shard of {len(batch)}"
+            )
         seed = (self.spec.seed * 1_000_003 + step) * 7 + self.spec.rank if cfg.shuffle else None
         metrics = self.trainable.ppo_update(
             batch,
@@ -309,7 +349,7 @@ class ActorRolloutRefWorker:
             plain = self._plain_state(state)
             save_hf_folder(path / "actor", plain, self.model_config, aliases=self.aliases, tokenizer=self.tokenizer)
             if self.lora_scaling is not None:
-                self.policy.save_pretrained(path / ADAPTER_DIR, state_dict=adapter_state_dict(state))
+                save_adapters(self.policy, path / ADAPTER_DIR, adapter_state_dict(state))
 
     def load_checkpoint(self, directory: str) -> None:
         """Load weights and optimizer state written by ``save_checkpoint`` (then the driver syncs the engine): the

@@ -1,7 +1,9 @@
 """The loop without Ray: ``PPOTrainer`` with in-process workers (``LocalWorkerGroup``), search off, tiny model.
 
-Every advantage estimator runs one step through the real phases (ReMax with its greedy baseline rollout, the
-critic only for GAE), and the loop's bookkeeping holds: the weight version, validation and checkpoint schedule.
+Every advantage estimator and every preset (``dapo``, ``dr_grpo``, ``gspo``) runs one step through the real phases
+(ReMax with its greedy baseline rollout, the critic only for GAE), and the loop's bookkeeping holds: the weight
+version, validation and checkpoint schedule. Critic warm-up leaves the policy alone; dynamic sampling fills the batch
+from further generation batches and trains on what it kept when the cap is hit.
 
 Run: python -m pytest tests/search_rl/test_trainer_local.py -q
 """
@@ -11,9 +13,13 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from search_rl.config import load_config
+from search_rl.datatypes import GroundTruth, RewardResult, Trajectory
+from search_rl.dynamic_sampling import groups_with_spread
 from search_rl.main_ppo import build_trainer, build_workers, prepare
+from search_rl.reward import REWARDS
 
 BASE = [
     "model=tiny",
@@ -81,3 +87,104 @@ def test_skipped_old_logprob_pass_trains_exactly_as_the_recomputed_one(tmp_path)
     assert engine["actor/old_logprobs_recomputed"] == 0
     for key in ("actor/loss", "actor/grad_norm"):
         assert engine[key] == pytest.approx(again[key], rel=1e-3, abs=1e-5), key
+
+
+def _run(overrides: list[str], tmp_path):
+    cfg = load_config([*BASE, *overrides, "trainer.test_freq=0", f"trainer.default_local_dir={tmp_path}"])
+    prepared = prepare(cfg)
+    actor, critic = build_workers(cfg, "cpu", local=True)
+    return build_trainer(cfg, prepared, actor, critic), actor, critic
+
+
+@pytest.mark.parametrize(
+    ("preset", "extra"),
+    [
+        # the budget is 64 tokens here: DAPO's buffer must be below it
+        ("dapo", ["reward.overlong_buffer_tokens=16", "algorithm.filter_groups.max_num_gen_batches=2"]),
+        ("dr_grpo", []),
+        ("gspo", []),
+    ],
+)
+def test_one_step_per_preset(preset, extra, tmp_path):
+    trainer, _, critic = _run([f"algorithm={preset}", *extra], tmp_path)
+    assert critic is None
+    m = dict(trainer.fit())[1]
+    assert math.isfinite(m["actor/loss"]) and m["actor/skipped_steps"] == 0
+    if preset == "gspo":
+        assert 0 <= m["actor/seq_clipfrac"] <= 1 and m["actor/seq_ratio_mean"] > 0
+    if preset == "dapo":
+        # A random model never writes <answer>: every group is flat on EM, so both generation batches are spent and
+        # the step trains on nothing kept; one flat group pads the batch and stays out of the loss.
+        assert m["dynamic_sampling/gen_batches"] == 2 and m["dynamic_sampling/cap_hit"] == 1
+        assert (m["dynamic_sampling/dropped_groups"], m["dynamic_sampling/trained_groups"]) == (4, 0)
+        assert m["dynamic_sampling/padding_groups"] == 1
+        assert m["actor/pg_loss"] == 0.0 and m["reward/overlong_penalty"] <= 0
+
+
+def _weights(group) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, value in group.worker.module.state_dict().items():
+        full = getattr(value, "full_tensor", None)
+        out[name] = (full() if callable(full) else value).detach().clone()
+    return out
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_critic_warmup_moves_only_the_critic(tmp_path):
+    overrides = ["algorithm=ppo", "trainer.critic_warmup=1", "trainer.total_training_steps=2"]
+    trainer, actor, critic = _run(overrides, tmp_path)
+    actor0, critic0 = _weights(actor), _weights(critic)
+    trainer.step = 1
+    m1 = trainer.train_step()
+    actor1, critic1 = _weights(actor), _weights(critic)
+    assert _same(actor0, actor1), "the policy must not move during the critic's warm-up"
+    assert not _same(critic0, critic1), "the critic trains during its warm-up"
+    assert m1["critic/warmup"] == 1.0 and "critic/vf_loss" in m1 and "actor/pg_loss" not in m1
+    trainer.step = 2
+    m2 = trainer.train_step()
+    assert m2["rollout/weight_version"] == 0  # the engine still sampled with the initial weights
+    assert "critic/warmup" not in m2 and "actor/pg_loss" in m2
+    assert not _same(actor1, _weights(actor)) and not _same(critic1, _weights(critic))
+
+
+_CALLS = [0]
+
+
+def _flat_then_every_other_group(trajectory: Trajectory, ground_truth: GroundTruth) -> RewardResult:
+    """A scripted reward, in scoring order (2 prompts x 4 samples per generation batch): the first batch is flat,
+    then every other group has a spread (0, 1, 0, 1) and the rest are flat."""
+    k = _CALLS[0]
+    _CALLS[0] += 1
+    spread = k >= 8 and (k - 8) // 4 % 2 == 0
+    return RewardResult(float(k % 2) if spread else 0.0, {"em": 0.0})
+
+
+REWARDS.register("test_flat_then_every_other_group")(_flat_then_every_other_group)
+
+
+def test_dynamic_sampling_fills_the_batch_from_further_prompts(tmp_path):
+    trainer, _, _ = _run(
+        [
+            "algorithm=grpo",
+            "algorithm.filter_groups.enable=true",
+            "+reward.by_data_source.nq=test_flat_then_every_other_group",
+            "+reward.by_data_source.hotpotqa=test_flat_then_every_other_group",
+        ],
+        tmp_path,
+    )
+    _CALLS[0] = 0
+    trainer.step, m = 1, {}
+    collected = trainer.collect(m)
+    # batch 1: both groups flat; batch 2: one kept; batch 3: one kept -> the batch is full after 3 of 10
+    assert m["dynamic_sampling/gen_batches"] == 3 and m["dynamic_sampling/cap_hit"] == 0
+    assert (m["dynamic_sampling/kept_groups"], m["dynamic_sampling/dropped_groups"]) == (2, 4)
+    assert len(collected.trajectories) == 8 and len(set(collected.prompts.uids)) == 2
+    scores = [r.score for r in collected.results]
+    assert all(groups_with_spread(scores, collected.prompts.uids))
+    assert collected.batch.sample_mask is None or bool(collected.batch.sample_mask.all())
+    batch = trainer.learn(collected, m)
+    assert math.isfinite(m["actor/loss"]) and m["critic/advantages_max"] > 0
+    assert batch.input_ids.shape[0] == 8
