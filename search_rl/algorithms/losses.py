@@ -322,7 +322,7 @@ def compute_actor_loss(
         ValueError: when a term the config asks for has no input.
     """
     tis_metrics: dict[str, float] = {}
-    if cfg.tis_cap > 0:
+    if cfg.tis_cap:  # None (unresolved) and 0 are off
         if rollout_logprobs is None:
             raise ValueError("algorithm.tis_cap > 0 but no rollout_logprobs were given (the engine's log-probs)")
         weights, tis_metrics = truncated_is_weights(old_logprobs, rollout_logprobs, loss_mask, cfg.tis_cap)

@@ -98,10 +98,11 @@ class AlgorithmConfig:
     mask_observations: bool = True
     """Exclude inserted ``<information>`` tokens from every loss, KL, entropy and advantage term. False is the
     ablation of Search-R1 without retrieved-token masking: the mask becomes the attention mask."""
-    tis_cap: float = 0.0
+    tis_cap: float | None = None
     """Truncated importance sampling over the rollout/trainer mismatch: each token's advantage is scaled by
-    ``min(exp(old_logprobs - rollout_logprobs), tis_cap)`` (0 = off; 2.0 is the usual cap). Use it when the engine's
-    log-probs differ from the trainer's (vLLM in bf16) or come from older weights (asynchronous training)."""
+    ``min(exp(old_logprobs - rollout_logprobs), tis_cap)`` (0 = off). Use it when the engine's log-probs differ from
+    the trainer's (vLLM in bf16) or come from older weights (asynchronous training). ``null`` = 2.0 in the
+    ``one_step_off`` and ``async`` modes, where samples come from older weights, and off in ``sync``."""
     policy_loss: str = "ppo_clip"
     """Policy loss, a name in ``POLICY_LOSSES`` (``ppo_clip``, ``gspo``) or an import string
     ``"pkg.module:function"``."""
@@ -139,7 +140,7 @@ class AlgorithmConfig:
                 f"algorithm.clip_ratio_c must be > 1 (the dual-clip bound lies above the ratio 1), got "
                 f"{self.clip_ratio_c}; use a large value such as 1e9 to turn dual-clip off"
             )
-        if self.tis_cap != 0 and self.tis_cap < 1:
+        if self.tis_cap is not None and self.tis_cap != 0 and self.tis_cap < 1:
             raise ValueError(f"algorithm.tis_cap must be 0 (off) or >= 1 (a cap on the weight), got {self.tis_cap}")
         for name in ("value_clip", "entropy_coeff", "kl_coef", "kl_loss_coef"):
             if getattr(self, name) < 0:

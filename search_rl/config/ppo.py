@@ -18,6 +18,10 @@ DEFAULT_GROUP_SIZE = 4
 """``rollout.n`` when it is left ``null`` and the estimator compares samples of a prompt."""
 
 
+DEFAULT_TIS_CAP = 2.0
+"""``algorithm.tis_cap`` of the asynchronous modes when left ``null``."""
+
+
 @dataclass
 class PPOConfig:
     """The root of ``configs/ppo_trainer.yaml``."""
@@ -50,6 +54,8 @@ class PPOConfig:
             rollout.n = DEFAULT_GROUP_SIZE if needs.groups else 1
         if self.critic.enable is None:
             self.critic.enable = needs.critic
+        if self.algorithm.tis_cap is None:  # correct for older behaviour policies exactly where there are some
+            self.algorithm.tis_cap = DEFAULT_TIS_CAP if self.trainer.mode != "sync" else 0.0
 
     @property
     def n_samples(self) -> int:

@@ -90,7 +90,7 @@ def actor_loss(
         algo,
         entropy=entropy,
         ref_logprobs=micro.ref_logprobs.to(device) if micro.ref_logprobs is not None and algo.use_kl_loss else None,
-        rollout_logprobs=micro.rollout_logprobs.to(device) if algo.tis_cap > 0 else None,
+        rollout_logprobs=micro.rollout_logprobs.to(device) if algo.tis_cap else None,
     )
 
 

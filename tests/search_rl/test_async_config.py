@@ -60,3 +60,17 @@ def test_each_mode_becomes_the_coordinators_schedule():
     s = source_settings(cfg)
     assert (s.max_staleness, s.capacity_groups, s.groups_per_step, s.n_shards) == (2, 12, 4, 1)
     assert (s.max_restarts, s.timeout_s) == (5, 77.0)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "cap"),
+    [
+        ([], 0.0),  # sync: samples come from the weights being trained
+        (["trainer.mode=one_step_off"], 2.0),
+        (["trainer.mode=async", "trainer.max_staleness=1"], 2.0),
+        (["trainer.mode=async", "algorithm.tis_cap=0"], 0.0),  # an explicit choice stays
+        (["algorithm.tis_cap=3"], 3.0),
+    ],
+)
+def test_tis_is_on_exactly_where_samples_come_from_older_weights(overrides, cap):
+    assert load_config(["model=tiny", *overrides]).algorithm.tis_cap == cap
