@@ -115,8 +115,7 @@ def check_mode(cfg: PPOConfig) -> None:
             "algorithm.filter_groups.enable=true rolls out more prompts inside the lock-step step; it does not "
             f"combine with trainer.mode={cfg.trainer.mode} (use trainer.mode=sync)"
         )
-    stale = cfg.trainer.mode == "one_step_off" or (cfg.trainer.mode == "async" and cfg.trainer.max_staleness > 0)
-    if stale and not cfg.algorithm.tis_cap:
+    if cfg.trainer.samples_may_be_stale and not cfg.algorithm.tis_cap:
         logger.warning(
             "trainer.mode=%s trains on samples of older weights with algorithm.tis_cap=0: the PPO ratio starts "
             "from recomputed log-probs and nothing corrects for the older policy that sampled (null picks 2.0)",

@@ -55,7 +55,7 @@ class PPOConfig:
         if self.critic.enable is None:
             self.critic.enable = needs.critic
         if self.algorithm.tis_cap is None:  # correct for older behaviour policies exactly where there are some
-            self.algorithm.tis_cap = DEFAULT_TIS_CAP if self.trainer.mode != "sync" else 0.0
+            self.algorithm.tis_cap = DEFAULT_TIS_CAP if self.trainer.samples_may_be_stale else 0.0
 
     @property
     def n_samples(self) -> int:

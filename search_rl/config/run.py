@@ -168,6 +168,12 @@ class TrainerConfig:
     """Generator actors that die are replaced (their unit generated again) this many times per run; then the run
     stops with an error."""
 
+    @property
+    def samples_may_be_stale(self) -> bool:
+        """Whether the loop may train on samples of older weights: ``one_step_off``, or ``async`` with
+        ``max_staleness > 0``."""
+        return self.mode == "one_step_off" or (self.mode == "async" and self.max_staleness > 0)
+
     def __post_init__(self) -> None:
         if self.total_training_steps < 1:
             raise ConfigError(f"trainer.total_training_steps must be >= 1, got {self.total_training_steps}")

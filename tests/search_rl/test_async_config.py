@@ -68,6 +68,7 @@ def test_each_mode_becomes_the_coordinators_schedule():
         ([], 0.0),  # sync: samples come from the weights being trained
         (["trainer.mode=one_step_off"], 2.0),
         (["trainer.mode=async", "trainer.max_staleness=1"], 2.0),
+        (["trainer.mode=async", "trainer.max_staleness=0"], 0.0),  # never stale: exactly sync
         (["trainer.mode=async", "algorithm.tis_cap=0"], 0.0),  # an explicit choice stays
         (["algorithm.tis_cap=3"], 3.0),
     ],
