@@ -15,7 +15,10 @@ records to ``trajectories.jsonl``). One record per trajectory:
 ``answer``          the extracted ``<answer>`` (null if none); ``stop_reason``: answer, max_turns, max_response_tokens
 ``reward``          the scalar reward; ``reward_components``: em, subem, f1, format, answered
 ``advantage``       mean advantage over the sample's loss tokens (training only, else null)
-``stats``           turns, searches, valid/invalid actions, truncations, retriever errors
+``stats``           turns, searches, search attempts, valid/invalid actions, truncations, retriever errors
+``search_calls``    ``[{"query", "passage_ids", "failed"}]``: each query sent, the ids of the passages shown for it
+``outcome``         ``correct``, ``no_answer``, ``wrong_no_search``, ``retrieval_missed`` or ``read_wrong``;
+                    ``gold_retrieved``: a gold answer was in a passage shown (``search_rl.search_stats``)
 ``response_tokens`` / ``model_tokens``: lengths; ``weight_version``: the policy version that sampled it
 =================== =====================================================================================
 """
@@ -33,6 +36,7 @@ from transformers import PreTrainedTokenizerBase
 
 from search_rl.datatypes import RewardResult, Trajectory
 from search_rl.protocol import PromptBatch
+from search_rl.search_stats import diagnose
 
 
 def mask_spans(mask: torch.Tensor) -> list[list[int]]:
@@ -72,6 +76,7 @@ def trajectory_record(
     def decode(ids: torch.Tensor) -> str:
         return str(tokenizer.decode(ids.tolist(), skip_special_tokens=False))
 
+    diagnosis = diagnose(traj, prompts.targets[i], result)
     return {
         "step": step,
         "kind": kind,
@@ -91,6 +96,11 @@ def trajectory_record(
         "reward_components": dict(result.components),
         "advantage": advantage,
         "stats": dataclasses.asdict(traj.stats),
+        "search_calls": [
+            {"query": c.query, "passage_ids": [p.id for p in c.passages], "failed": c.failed} for c in traj.search_calls
+        ],
+        "outcome": diagnosis.outcome,
+        "gold_retrieved": diagnosis.gold_retrieved,
         "response_tokens": int(traj.response_ids.shape[0]),
         "model_tokens": int(traj.response_mask.sum()),
         "weight_version": weight_version,

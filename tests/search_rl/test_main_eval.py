@@ -26,6 +26,22 @@ SMALL = [
     "actor_rollout_ref.rollout.max_turn_tokens=16",
     "batch_size=2",
 ]
+SEARCH_KEYS = (
+    "search_attempts",
+    "valid_search_rate",
+    "duplicate_query_rate",
+    "gold_retrieved",
+    "no_answer",
+    "wrong_no_search",
+    "retrieval_missed",
+    "read_wrong",
+    "answer_words_mean",
+    "n_searches_0",
+    "n_searches_1",
+    "n_searches_2",
+    "n_searches_3plus",
+)
+"""Search diagnostics every evaluation reports (``em_searches_<b>`` only for non-empty buckets)."""
 
 
 @pytest.mark.parametrize("baseline", ["search", "no_search", "naive_rag"])
@@ -43,7 +59,17 @@ def test_evaluate_each_baseline(baseline, retriever_url, tmp_path):
     prompt = records[0]["prompt"]
     assert ("Passages:\nDoc 1(Title:" in prompt) == (baseline == "naive_rag")
     assert ("own knowledge" in prompt) == (baseline != "search")  # the baselines' templates
-    assert json.loads((result.output_dir / "metrics.json").read_text())["baseline"] == baseline
+    saved = json.loads((result.output_dir / "metrics.json").read_text())
+    assert saved["baseline"] == baseline
+    # the search diagnostics are in metrics.json and agree with the per-trajectory records
+    assert {f"eval/all/{k}" for k in SEARCH_KEYS} <= set(saved)
+    for outcome in ("no_answer", "wrong_no_search", "retrieval_missed", "read_wrong"):
+        assert saved[f"eval/all/{outcome}"] == pytest.approx(sum(r["outcome"] == outcome for r in records) / 3)
+    assert saved["eval/all/gold_retrieved"] == pytest.approx(sum(r["gold_retrieved"] for r in records) / 3)
+    assert sum(saved[f"eval/all/n_searches_{b}"] for b in ("0", "1", "2", "3plus")) == 3
+    assert all(len(r["search_calls"]) == r["stats"]["searches"] for r in records)
+    if baseline != "search":
+        assert saved["eval/all/n_searches_0"] == 3 and not any(r["search_calls"] for r in records)
 
 
 def test_cli_prints_the_result_line_last(tmp_path):

@@ -10,7 +10,7 @@ import asyncio
 import torch
 from textual.widgets import DataTable, Input, Select, Static
 
-from search_rl.datatypes import RewardResult, Segment, Trajectory, TrajectoryStats
+from search_rl.datatypes import Passage, RewardResult, SearchCall, Segment, Trajectory, TrajectoryStats
 from search_rl.protocol import PromptBatch
 from search_rl.tools.rollout_viewer import ALL, Filters, RolloutViewer, filter_records, load_records, render_record
 from search_rl.tracking import RolloutDumper
@@ -39,7 +39,8 @@ def _trajectory(tokenizer, query: str, answer: str) -> Trajectory:
         segments=tuple(segments),
         final_answer=answer,
         stop_reason="answer",
-        stats=TrajectoryStats(turns=2, searches=1),
+        stats=TrajectoryStats(turns=2, searches=1, search_attempts=1),
+        search_calls=(SearchCall(query, (Passage("7", "Nobel Prize", "Wilhelm Rontgen received the first prize."),)),),
     )
 
 
@@ -72,6 +73,11 @@ def test_load_filter_render(tmp_path, tokenizer):
     start = plain.index("Wilhelm Rontgen received")
     styles = {str(span.style) for span in text.spans if span.start <= start < span.end}
     assert "white on grey15" in styles
+    # the search diagnosis: the first answer is right, the second wrong, and no passage shown held "Paris"
+    assert "outcome:  correct · gold retrieved: yes" in plain
+    assert "outcome:  retrieval_missed · gold retrieved: no" in render_record(records[1]).plain
+    assert records[1]["search_calls"] == [{"query": "capital of france", "passage_ids": ["7"], "failed": False}]
+    assert filter_records(records, Filters(text="retrieval_missed")) == [1, 3]
 
 
 def test_tui_filters_and_search(tmp_path, tokenizer):
