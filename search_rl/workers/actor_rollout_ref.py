@@ -30,7 +30,7 @@ from transformers import AutoModelForCausalLM
 
 from search_rl.agent.generation_manager import LLMGenerationManager
 from search_rl.agent.retriever_client import RetrieverClient
-from search_rl.algorithms import compute_actor_loss
+from search_rl.algorithms import compute_actor_loss, loss_mask_for
 from search_rl.config import (
     ActorConfig,
     AlgorithmConfig,
@@ -264,12 +264,21 @@ class ActorRolloutRefWorker:
         logprobs, entropies = [], []
         with torch.no_grad():
             for part, real in D.matched_passes(batch.split_by_size(micro), self.spec):
-                lp, ent = response_logprobs(model, part, self.rollout_cfg.temperature, with_entropy=with_entropy)
+                lp, ent = response_logprobs(
+                    model, part, self.rollout_cfg.temperature, with_entropy=with_entropy, only=self._needed(part)
+                )
                 if real:
                     logprobs.append(lp.cpu())
                     entropies.append(ent.cpu() if ent is not None else torch.zeros_like(lp.cpu()))
         D.release_memory()
         return torch.cat(logprobs), torch.cat(entropies)
+
+    def _needed(self, batch: TrainBatch) -> torch.Tensor:
+        """(B, T) the tokens whose log-probs any loss, KL or metric reads: the batch's loss mask once the driver set
+        it, else the algorithm's rule for it (model tokens, unless observations are not masked)."""
+        if batch.loss_mask is not None:
+            return batch.loss_mask
+        return loss_mask_for(batch.response_mask, batch.response_attention_mask, self.algo)
 
     # --- update ------------------------------------------------------------------------------------------------
 
@@ -283,7 +292,12 @@ class ActorRolloutRefWorker:
 
         def loss_fn(micro: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
             logprobs, entropy = response_logprobs(
-                self.module, micro, self.rollout_cfg.temperature, with_entropy=True, entropy_grad=need_entropy_grad
+                self.module,
+                micro,
+                self.rollout_cfg.temperature,
+                with_entropy=True,
+                entropy_grad=need_entropy_grad,
+                only=self._needed(micro),
             )
             return actor_loss(micro, logprobs, entropy, self.algo, on_policy)
 
@@ -316,7 +330,7 @@ class ActorRolloutRefWorker:
 
         def loss_fn(micro: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
             assert micro.loss_mask is not None
-            logprobs, _ = response_logprobs(self.module, micro, 1.0)
+            logprobs, _ = response_logprobs(self.module, micro, 1.0, only=micro.loss_mask)
             mask = micro.loss_mask.to(logprobs.device).float()
             nll = -(logprobs * mask).sum() / mask.sum().clamp(min=1.0)
             return nll, {"sft/nll": nll.item()}

@@ -46,25 +46,48 @@ def response_logprobs(
     *,
     with_entropy: bool = False,
     entropy_grad: bool = False,
+    only: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of the response tokens under ``model`` at ``temperature`` (the sampling distribution), and
     optionally the per-token entropies; (B, T) each, 0 past each response. Gradients flow when enabled; the
-    entropy's only with ``entropy_grad`` (its (B, T, V) intermediates are not kept for a metric)."""
+    entropy's only with ``entropy_grad`` (its (B, T, V) intermediates are not kept for a metric).
+
+    ``only``: (B, T) mask of the response tokens whose values are needed (the loss mask); the others are 0 and their
+    logits are never computed. The vocabulary projection and softmax of the inserted ``<information>`` tokens, most
+    of a search response, are skipped; the transformer still reads them.
+    """
     inputs, t = _trimmed_inputs(batch)
     device = next(model.parameters()).device
     inputs = {k: v.to(device) for k, v in inputs.items()}
-    out = model(**inputs, use_cache=False, logits_to_keep=t + 1)
-    logits = out.logits[:, :-1].float()  # (B, t, V)
+    targets = batch.response_ids[:, :t].to(device)  # (B, t)
+    if only is None:
+        out = model(**inputs, use_cache=False, logits_to_keep=t + 1)
+        logits = out.logits[:, :-1].float()  # (B, t, V)
+        wanted = None
+    else:
+        wanted = only[:, :t].to(device).bool()  # (B, t)
+        length = inputs["input_ids"].shape[1]
+        keep = torch.zeros((len(wanted), length), dtype=torch.bool, device=device)  # (B, L)
+        keep[:, length - t - 1 : length - 1] = wanted  # the position before a token predicts it
+        logits = model(**inputs, use_cache=False, logits_to_keep=keep).logits.float()  # (N, V)
+        targets = targets[wanted]  # (N,)
     if temperature != 1.0:
         logits = logits / temperature
-    targets = batch.response_ids[:, :t].to(device)  # (B, t)
-    logprobs = logits.log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, t)
+    logprobs = logits.log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, t) or (N,)
     entropy = None
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = entropy_from_logits(logits)  # (B, t)
+            entropy = entropy_from_logits(logits)  # (B, t) or (N,)
+    if wanted is not None:
+        logprobs = _scatter(logprobs, wanted)
+        entropy = _scatter(entropy, wanted) if entropy is not None else None
     width = batch.response_ids.shape[1]
     return _pad_to(logprobs, width), (_pad_to(entropy, width) if entropy is not None else None)
+
+
+def _scatter(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(N,) values of ``mask``'s true cells, in row-major order, placed into a zero (B, t) tensor (differentiable)."""
+    return values.new_zeros(mask.shape).masked_scatter(mask, values)
 
 
 def response_values(model: nn.Module, batch: TrainBatch) -> torch.Tensor:

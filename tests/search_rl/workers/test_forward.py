@@ -1,0 +1,42 @@
+"""Forward passes over real rollout batches: log-probs of only the loss tokens (``only``) equal the full pass's
+there, are 0 elsewhere, and give the same gradient; their logits are the only ones computed.
+
+Run: python -m pytest tests/search_rl/workers/test_forward.py -q
+"""
+
+from __future__ import annotations
+
+import torch
+
+from search_rl.models import build_tiny_model
+from search_rl.workers.forward import response_logprobs
+
+
+def _masked_loss_and_grads(model, batch, only):
+    model.zero_grad(set_to_none=True)
+    logprobs, entropy = response_logprobs(model, batch, 0.7, with_entropy=True, entropy_grad=True, only=only)
+    mask = batch.response_mask.float()
+    loss = -((logprobs + 0.01 * entropy) * mask).sum() / mask.sum()
+    loss.backward()
+    return logprobs.detach(), entropy.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def test_only_the_loss_tokens_are_computed_and_nothing_changes_for_the_loss(rollout_batch, tokenizer):
+    model = build_tiny_model(tokenizer, seed=3)
+    mask = rollout_batch.response_mask.bool()
+    assert (~mask & rollout_batch.response_attention_mask.bool()).any(), "the rollout should contain observations"
+    full_lp, full_ent, full_grads = _masked_loss_and_grads(model, rollout_batch, None)
+    lp, ent, grads = _masked_loss_and_grads(model, rollout_batch, rollout_batch.response_mask)
+    torch.testing.assert_close(lp[mask], full_lp[mask])
+    torch.testing.assert_close(ent[mask], full_ent[mask])
+    assert (lp[~mask] == 0).all() and (ent[~mask] == 0).all()
+    assert (full_lp[~mask & rollout_batch.response_attention_mask.bool()] != 0).any()
+    for a, b in zip(grads, full_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+    shapes: list[tuple[int, ...]] = []
+    hook = model.lm_head.register_forward_hook(lambda _m, _i, out: shapes.append(tuple(out.shape)))
+    with torch.no_grad():
+        response_logprobs(model, rollout_batch, 1.0, only=rollout_batch.response_mask)
+    hook.remove()
+    assert shapes == [(int(mask.sum()), model.config.vocab_size)], "one vocabulary row per loss token, no more"
