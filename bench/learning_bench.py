@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -335,8 +336,11 @@ def main() -> None:
     ap.add_argument("--report-only", action="store_true", help="rewrite the report of a finished run, run nothing")
     ap.add_argument("--profile", choices=sorted(PROFILES), default=None, help="budgets (default full; --quick: quick)")
     ap.add_argument("--warm-start", type=Path, default=None, help="reuse this main_sft checkpoint instead of training")
+    ap.add_argument("--rl-steps", type=int, default=None, help="RL steps (default: the profile's)")
     args = ap.parse_args()
     budget = PROFILES[args.profile or ("quick" if args.quick else "full")]
+    if args.rl_steps is not None:
+        budget = dataclasses.replace(budget, rl_steps=args.rl_steps)
     out = (args.out or REPO / ("runs/learning_bench_quick" if args.quick else "runs/learning_bench")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     rows = set(args.rows.split(","))
