@@ -190,7 +190,7 @@ def build_trainer(
         train_on_retriever_errors=cfg.actor_rollout_ref.rollout.train_on_retriever_errors,
         old_logprobs=cfg.actor_rollout_ref.actor.old_logprobs,
         on_policy_update=cfg.on_policy_update,
-        engine_matches_trainer=cfg.actor_rollout_ref.rollout.engine == "hf" and cfg.model.dtype == "float32",
+        engine_matches_trainer=cfg.engine_matches_trainer,
     )
     return PPOTrainer(
         cfg.trainer,

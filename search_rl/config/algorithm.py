@@ -101,8 +101,9 @@ class AlgorithmConfig:
     tis_cap: float | None = None
     """Truncated importance sampling over the rollout/trainer mismatch: each token's advantage is scaled by
     ``min(exp(old_logprobs - rollout_logprobs), tis_cap)`` (0 = off). Use it when the engine's log-probs differ from
-    the trainer's (vLLM in bf16) or come from older weights (asynchronous training). ``null`` = 2.0 where samples
-    may come from older weights (``trainer.mode=one_step_off``, or ``async`` with ``max_staleness > 0``), else off."""
+    the trainer's (vLLM in bf16) or come from older weights (asynchronous training). ``null`` = 2.0 where the
+    sampler is not the trainer: samples of older weights (``trainer.mode=one_step_off``, or ``async`` with
+    ``max_staleness > 0``) or an engine that computes differently (vLLM, bf16); off for the HF engine in float32."""
     policy_loss: str = "ppo_clip"
     """Policy loss, a name in ``POLICY_LOSSES`` (``ppo_clip``, ``gspo``) or an import string
     ``"pkg.module:function"``."""

@@ -54,8 +54,9 @@ class PPOConfig:
             rollout.n = DEFAULT_GROUP_SIZE if needs.groups else 1
         if self.critic.enable is None:
             self.critic.enable = needs.critic
-        if self.algorithm.tis_cap is None:  # correct for older behaviour policies exactly where there are some
-            self.algorithm.tis_cap = DEFAULT_TIS_CAP if self.trainer.samples_may_be_stale else 0.0
+        if self.algorithm.tis_cap is None:  # a sampler other than the trainer: correct for it
+            mismatch = self.trainer.samples_may_be_stale or not self.engine_matches_trainer
+            self.algorithm.tis_cap = DEFAULT_TIS_CAP if mismatch else 0.0
 
     @property
     def n_samples(self) -> int:
@@ -70,6 +71,11 @@ class PPOConfig:
     def use_reference(self) -> bool:
         """A reference policy is needed for the KL loss or the KL-in-reward penalty."""
         return self.algorithm.use_kl_loss or self.algorithm.use_kl_in_reward
+
+    @property
+    def engine_matches_trainer(self) -> bool:
+        """The engine's sampling log-probs are the trainer's up to float noise: the HF engine in float32."""
+        return self.actor_rollout_ref.rollout.engine == "hf" and self.model.dtype == "float32"
 
     @property
     def on_policy_update(self) -> bool:

@@ -71,7 +71,9 @@ def test_each_mode_becomes_the_coordinators_schedule():
         (["trainer.mode=async", "trainer.max_staleness=0"], 0.0),  # never stale: exactly sync
         (["trainer.mode=async", "algorithm.tis_cap=0"], 0.0),  # an explicit choice stays
         (["algorithm.tis_cap=3"], 3.0),
+        (["model.dtype=bfloat16"], 2.0),  # the engine's bf16 log-probs are not the trainer's
+        (["rollout=vllm"], 2.0),
     ],
 )
-def test_tis_is_on_exactly_where_samples_come_from_older_weights(overrides, cap):
+def test_tis_is_on_exactly_where_the_sampler_is_not_the_trainer(overrides, cap):
     assert load_config(["model=tiny", *overrides]).algorithm.tis_cap == cap
