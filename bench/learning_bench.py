@@ -26,7 +26,6 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import math
 import os
 import shlex
 import subprocess
@@ -223,21 +222,14 @@ def lenient_subem(folder: Path) -> float:
     return sum(hits) / max(len(hits), 1)
 
 
-def per_question_em(folder: Path) -> dict[str, float]:
-    """EM of every evaluated question, by its row id."""
-    (path,) = sorted(folder.glob("*/trajectories.jsonl"))[-1:]
-    return {r["uid"]: r["reward_components"]["em"] for r in map(json.loads, path.read_text().splitlines())}
-
-
 def paired(out: Path, base: str, other: str) -> dict[str, float]:
     """Questions ``other`` gets right and ``base`` wrong (``better``), the reverse (``worse``), and the exact two-sided
-    McNemar p-value of that split: is the EM difference more than noise on these questions?"""
-    a, b = per_question_em(out / "eval" / base), per_question_em(out / "eval" / other)
-    better = sum(1 for k in a if b[k] > a[k])
-    worse = sum(1 for k in a if b[k] < a[k])
-    n = better + worse
-    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(min(better, worse) + 1)) / 2**n) if n else 1.0
-    return {"better": better, "worse": worse, "p": p}
+    McNemar p-value of that split (``search_rl.tools.compare_evals``)."""
+    from search_rl.tools.compare_evals import load_eval
+    from search_rl.tools.compare_evals import paired as compare
+
+    p = compare(load_eval(base, out / "eval" / base), load_eval(other, out / "eval" / other))
+    return {"better": p.better, "worse": p.worse, "p": p.p}
 
 
 def table(bench: Bench) -> str:
