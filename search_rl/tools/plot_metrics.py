@@ -139,6 +139,66 @@ def plot_run(run_dir: Path, out: Path | None = None) -> list[Path]:
     return written
 
 
+@dataclass(frozen=True)
+class Stage:
+    """One stage of a recipe (base, warm start, RL): its held-out EM and the training step it ends at, counted over
+    the whole recipe; ``run_dir`` holds the stage's ``metrics.jsonl`` (None for the untrained base)."""
+
+    name: str
+    end_step: int
+    heldout_em: float
+    run_dir: Path | None = None
+
+
+def plot_recipe(stages: list[Stage], out: Path) -> Path:
+    """``out/recipe.png``: held-out EM after each stage (left), then each trained stage's own signals per step (the
+    warm start's NLL, RL's reward and EM), so the rise through the recipe reads at a glance."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    out.mkdir(parents=True, exist_ok=True)
+    trained = [s for s in stages if s.run_dir is not None and (s.run_dir / "metrics.jsonl").is_file()]
+    fig, axes = plt.subplots(1, 1 + len(trained), figsize=(5 * (1 + len(trained)), 4), dpi=100, squeeze=False)
+    left = axes[0][0]
+    ems = [s.heldout_em for s in stages]
+    left.plot([s.end_step for s in stages], ems, marker="o", color="tab:blue")
+    for s in stages:
+        left.annotate(
+            f"{s.name}\n{s.heldout_em:.3f}",
+            (s.end_step, s.heldout_em),
+            textcoords="offset points",
+            xytext=(0, 8),
+            ha="center",
+            fontsize=8,
+        )
+    left.set_title("Held-out EM after each stage")
+    left.set_xlabel("training step (whole recipe)")
+    left.set_ylabel("EM (greedy, with search)")
+    left.set_ylim(0, max(0.1, max(ems) * 1.4))
+    for ax, s in zip(axes[0][1:], trained, strict=True):
+        assert s.run_dir is not None
+        series = read_metrics(s.run_dir / "metrics.jsonl")
+        for key in ("sft/nll", "reward/score_mean", "reward/em"):
+            if key in series:
+                x, y = zip(*series[key], strict=True)
+                ax.plot(x, y, marker="o", markersize=3, label=key)
+        ax.set_title(f"{s.name}: training signals")
+        ax.set_xlabel(f"{s.name} step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    for ax in axes[0]:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = out / "recipe.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run_dir", type=Path, help="a run folder holding metrics.jsonl")

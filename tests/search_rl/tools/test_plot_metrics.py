@@ -79,3 +79,20 @@ def test_missing_metrics_is_a_clear_error(tmp_path, caplog):
     with pytest.raises(FileNotFoundError, match="jsonl"):
         plot_run(tmp_path)
     assert main([str(tmp_path)]) == 2
+
+
+def test_recipe_plot_draws_every_stage(tmp_path):
+    from search_rl.tools.plot_metrics import Stage, plot_recipe
+
+    sft = tmp_path / "sft"
+    tracker = build_tracker(["jsonl"], sft, 3, "p", "e", {})
+    for step in (1, 2):
+        tracker.log({"sft/nll": 2.0 / step}, step)
+    tracker.close()
+    rl = tmp_path / "rl"
+    tracker = build_tracker(["jsonl"], rl, 3, "p", "e", {})
+    tracker.log({"reward/score_mean": 0.2, "reward/em": 0.1}, 1)
+    tracker.close()
+    stages = [Stage("base", 0, 0.0), Stage("sft", 2, 0.13, sft), Stage("rl", 3, 0.21, rl)]
+    path = plot_recipe(stages, tmp_path / "plots")
+    assert path == tmp_path / "plots" / "recipe.png" and path.stat().st_size > 10_000
