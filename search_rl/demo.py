@@ -1,20 +1,26 @@
-"""The README's first command (``make demo``): from the shipped data to a trained, evaluated, inspectable policy.
+"""The README's first command (``make demo``): the Search-R1 recipe in small, from the shipped data to a policy that
+searches better than the model it started from.
 
-    python -m search_rl.demo                     # retriever → short PPO run on SmolLM2-135M → eval → summary
-    python -m search_rl.demo --steps 5 --prompts 4
-    python -m search_rl.demo --model tiny        # a random 2-layer Llama: checks the plumbing in about a minute
+    python -m search_rl.demo                     # retriever → warm start → GRPO → eval base / warm start / RL
+    python -m search_rl.demo --steps 6 --eval-samples 100
+    python -m search_rl.demo --model tiny        # a random 2-layer Llama: checks the plumbing in a few minutes
     python -m search_rl.demo --serve-only        # only start the retriever, query it, serve until Ctrl-C
 
 The journey: check the shipped corpus and datasets (``data/``), start ``uvicorn retriever_server.app:app`` in the
-background through ``RetrieverProcess`` and wait for ``/health``, showing the index build's progress it reports (the
-first start builds the dense index from the shipped embeddings in seconds and caches it under
-``~/.cache/search-rl/indexes``; without matching embeddings it encodes the corpus, minutes), train with
-the default recipe (``configs/ppo_trainer.yaml``: PPO with a critic) under small budgets, with a progress bar,
-evaluate the last checkpoint greedily with ``main_eval`` on a slice of the test split, render the training curves,
-and print where everything is. The retriever it started is stopped on success, failure and Ctrl-C.
+background through ``RetrieverProcess`` and wait for ``/health``, showing the index build it reports (the first start
+builds the dense index from the shipped embeddings in seconds and caches it under ``~/.cache/search-rl/indexes``),
+then the recipe with small budgets, each stage with a progress bar:
 
-Re-running reuses what exists: the cached index, the converted model, and the run folder (``runs/demo``): a run
-that already reached ``--steps`` is not trained again (``--fresh`` starts over).
+1. a short supervised warm start (``main_sft``) on the shipped search trajectories → ``runs/demo/sft``;
+2. GRPO from it (``main_ppo algorithm=grpo``, F1 partial credit, no KL term) → ``runs/demo/rl``;
+3. greedy evaluation with search (``main_eval``) of the base model, the warm start and the RL policy on the same
+   held-out test questions → ``runs/demo/eval/<stage>``;
+4. a table (EM, F1, answer rate, searches, gold retrieved) with paired comparisons (``tools.compare_evals``), the
+   curves (``runs/demo/plots/recipe.png`` and each stage's panels), and where everything is.
+
+The retriever it started is stopped on success, failure and Ctrl-C. Re-running reuses what exists: the cached index,
+the converted model, finished stages and their evaluations (``--fresh`` starts over; a retrained warm start retrains
+and re-evaluates what follows it).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import argparse
 import importlib.util
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -52,35 +59,34 @@ DATASET_DIR = Path("data/datasets/nq_hotpotqa_mini")
 CORPUS = Path("data/corpus/wiki_mini.jsonl.gz")
 
 
+STAGES = ("base", "sft", "rl")
+"""The rows of the demo's table, in recipe order."""
+
+
 @dataclass(frozen=True)
 class DemoSettings:
     """The knobs of the demo run (the rest is the default recipe)."""
 
+    sft_steps: int
+    sft_batch: int
     steps: int
     prompts: int
+    group_size: int
     eval_samples: int
     run_dir: Path
     model: str
     max_turns: int
     fresh: bool
 
+    def stage_dir(self, stage: str) -> Path:
+        """Where a training stage (``sft``, ``rl``) writes its checkpoints, metrics and rollouts."""
+        return self.run_dir / stage
 
-def train_overrides(s: DemoSettings, retriever_url: str) -> list[str]:
-    """Hydra overrides of the demo run: the default recipe with budgets small enough for minutes on 2 CPU cores."""
-    model = ["model=tiny"] if s.model == "tiny" else []
+
+def budget_overrides(s: DemoSettings, retriever_url: str) -> list[str]:
+    """The search loop and budgets every stage shares (training and evaluation alike)."""
     return [
-        *model,
         f"retriever.url={retriever_url}",
-        f"trainer.default_local_dir={s.run_dir}",
-        "trainer.experiment_name=demo",
-        f"trainer.total_training_steps={s.steps}",
-        f"trainer.save_freq={s.steps}",
-        "trainer.test_freq=0",
-        "trainer.max_ckpt_to_keep=1",
-        f"trainer.logger=[{'jsonl,tensorboard' if importlib.util.find_spec('tensorboard') else 'jsonl'}]",
-        f"trainer.resume={'disable' if s.fresh else 'auto'}",
-        f"data.train_batch_size={s.prompts}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={s.prompts}",
         f"max_turns={s.max_turns}",
         "actor_rollout_ref.rollout.max_turn_tokens=64",
         "actor_rollout_ref.rollout.max_obs_tokens=160",
@@ -88,33 +94,84 @@ def train_overrides(s: DemoSettings, retriever_url: str) -> list[str]:
     ]
 
 
-def eval_overrides(s: DemoSettings, retriever_url: str, actor_dir: Path) -> list[str]:
-    """``main_eval`` overrides: greedy, with search, on a seeded slice of the shipped test split."""
+def _loop(s: DemoSettings, stage: str, steps: int, fresh: bool) -> list[str]:
+    logger_names = "jsonl,tensorboard" if importlib.util.find_spec("tensorboard") else "jsonl"
     return [
-        f"model.path={actor_dir}",
-        f"retriever.url={retriever_url}",
+        f"trainer.default_local_dir={s.stage_dir(stage)}",
+        f"trainer.experiment_name=demo_{stage}",
+        f"trainer.total_training_steps={steps}",
+        f"trainer.save_freq={steps}",
+        "trainer.test_freq=0",
+        "trainer.max_ckpt_to_keep=1",
+        f"trainer.logger=[{logger_names}]",
+        f"trainer.resume={'disable' if fresh else 'auto'}",
+        # every worker gets all cores: the loop's phases never compute at the same time
+        f"trainer.torch_threads_per_worker={os.cpu_count() or 1}",
+    ]
+
+
+def sft_overrides(s: DemoSettings, retriever_url: str, fresh: bool = False) -> list[str]:
+    """``main_sft`` overrides: a few steps at a high learning rate teach the search protocol (docs/learning.md)."""
+    model = ["model=tiny"] if s.model == "tiny" else []
+    return [
+        *model,
+        *_loop(s, "sft", s.sft_steps, fresh),
+        f"data.train_batch_size={s.sft_batch}",
+        "actor_rollout_ref.actor.optim.lr=1e-4",
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=2",
+        *budget_overrides(s, retriever_url),
+    ]
+
+
+def train_overrides(s: DemoSettings, retriever_url: str, start: Path, fresh: bool = False) -> list[str]:
+    """``main_ppo`` overrides of the RL stage: GRPO from the warm start ``start`` (a checkpoint folder), mini-batches
+    of half the prompts (at least one: several optimizer steps per batch), F1 partial credit so groups of wrong
+    answers still differ, no KL term (no reference pass)."""
+    return [
+        "algorithm=grpo",
+        f"model.path={start}",
+        *_loop(s, "rl", s.steps, fresh),
+        f"data.train_batch_size={s.prompts}",
+        f"actor_rollout_ref.rollout.n={s.group_size}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={max(1, s.prompts // 2)}",
+        "actor_rollout_ref.actor.optim.lr=2e-5",
+        "reward.partial_credit=f1",
+        "reward.partial_credit_weight=0.5",
+        "algorithm.use_kl_loss=false",
+        *budget_overrides(s, retriever_url),
+    ]
+
+
+def eval_overrides(s: DemoSettings, retriever_url: str, stage: str, checkpoint: Path | None) -> list[str]:
+    """``main_eval`` overrides: greedy, with search, on a seeded slice of the shipped test split (the same questions
+    for every stage); ``checkpoint`` None evaluates the base model."""
+    if checkpoint is not None:
+        model = [f"model.path={checkpoint / 'actor'}"]
+    else:
+        model = ["model=tiny"] if s.model == "tiny" else []
+    return [
+        *model,
         f"data.max_samples={s.eval_samples}",
-        f"max_turns={s.max_turns}",
-        "actor_rollout_ref.rollout.max_turn_tokens=64",
-        "actor_rollout_ref.rollout.max_obs_tokens=160",
-        "actor_rollout_ref.rollout.max_response_tokens=400",
-        f"output_dir={s.run_dir / 'eval'}",
+        f"output_dir={s.run_dir / 'eval' / stage}",
+        *budget_overrides(s, retriever_url),
     ]
 
 
 class ProgressSink:
-    """A ``Tracker`` sink that drives a tqdm bar: step, reward, EM and the ETA of the remaining steps."""
+    """A ``Tracker`` sink that drives a tqdm bar: the step, a few metrics and the ETA of the remaining steps."""
 
-    def __init__(self, total_steps: int, first_step: int = 0) -> None:
-        self.bar = tqdm(total=total_steps, initial=first_step, desc="train", unit="step", dynamic_ncols=True)
+    RL_FIELDS = (("reward", "reward/score_mean"), ("em", "reward/em"), ("searches", "rollout/searches_mean"))
+    SFT_FIELDS = (("nll", "sft/nll"),)
+
+    def __init__(
+        self, total_steps: int, first_step: int = 0, desc: str = "train", fields: tuple[tuple[str, str], ...] = ()
+    ) -> None:
+        self.fields = fields or self.RL_FIELDS
+        self.bar = tqdm(total=total_steps, initial=first_step, desc=desc, unit="step", dynamic_ncols=True)
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
-        self.bar.set_postfix(
-            reward=f"{metrics.get('reward/score_mean', float('nan')):.3f}",
-            em=f"{metrics.get('reward/em', float('nan')):.3f}",
-            searches=f"{metrics.get('rollout/searches_mean', float('nan')):.2f}",
-            step_s=f"{metrics.get('timing/step_s', float('nan')):.0f}",
-        )
+        shown = {label: f"{metrics.get(key, float('nan')):.3f}" for label, key in self.fields}
+        self.bar.set_postfix(**shown, step_s=f"{metrics.get('timing/step_s', float('nan')):.0f}")
         self.bar.update(step - self.bar.n)
 
     def close(self) -> None:
@@ -218,87 +275,113 @@ def show(url: str, queries: list[str], topk: int) -> None:
             logger.info("  %d. [%.3f] %s  %s", rank, hit["score"], title, text[:110].replace("\n", " ") + "...")
 
 
-def train(s: DemoSettings, url: str) -> Path:
-    """The short training run (resumed or skipped when ``runs/demo`` already has it); returns the last checkpoint."""
+@dataclass(frozen=True)
+class StageRun:
+    """A finished training stage: its last checkpoint and whether this invocation trained it (then what follows it
+    is stale and is trained and evaluated again)."""
+
+    checkpoint: Path
+    trained: bool
+
+
+def train_stage(s: DemoSettings, stage: str, overrides: list[str], steps: int, fresh: bool) -> StageRun:
+    """Train one stage (``sft`` or ``rl``) through its entry point's ``prepare``/``train``, or reuse the stage's run
+    when it already reached ``steps``; returns its last checkpoint."""
     from search_rl.checkpoint import CheckpointManager
-    from search_rl.config import load_config
-    from search_rl.main_ppo import prepare
-    from search_rl.main_ppo import train as run_training
 
-    overrides = train_overrides(s, url)
-    cfg = load_config(overrides)
-    latest = CheckpointManager(s.run_dir, 1).resolve("auto")
-    done = 0 if latest is None or s.fresh else int(latest.name.rsplit("_", 1)[-1])
-    if done >= s.steps:
+    run_dir = s.stage_dir(stage)
+    latest = CheckpointManager(run_dir, 1).resolve("auto")
+    done = 0 if latest is None or fresh else int(latest.name.rsplit("_", 1)[-1])
+    if latest is not None and done >= steps:
         logger.info("reusing %s (already trained %d steps; --fresh to train again)", latest, done)
-        assert latest is not None
-        return latest
-    if s.fresh:  # trainer.resume=disable keeps old lines in metrics.jsonl; a fresh demo run starts a clean file
-        (s.run_dir / "metrics.jsonl").unlink(missing_ok=True)
-    logger.info("training: python -m search_rl.main_ppo %s", " ".join(overrides))
+        return StageRun(latest, trained=False)
+    if fresh:  # trainer.resume=disable keeps old lines in metrics.jsonl; a fresh stage starts a clean file
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    if stage == "sft":
+        from search_rl import main_sft as entry
+
+        cfg: Any = entry.load_sft_config(overrides)
+        fields: tuple[tuple[str, str], ...] = ProgressSink.SFT_FIELDS
+    else:
+        from search_rl import main_ppo as entry  # type: ignore[no-redef]
+        from search_rl.config import load_config
+
+        cfg = load_config(overrides)
+        fields = ProgressSink.RL_FIELDS
+    logger.info("%s: python -m %s %s", stage, entry.__name__, " ".join(overrides))
     config_dict: dict[str, Any] = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)  # type: ignore[assignment]
-    prepared = prepare(cfg, config_dict)
-    prepared.tracker.sinks.append(ProgressSink(s.steps, done))
-    run_training(cfg, prepared)
-    latest = CheckpointManager(s.run_dir, 1).resolve("auto")
+    prepared = entry.prepare(cfg, config_dict)
+    prepared.tracker.sinks.append(ProgressSink(steps, done, desc=stage, fields=fields))
+    entry.train(cfg, prepared)
+    latest = CheckpointManager(run_dir, 1).resolve("auto")
     if latest is None:
-        raise RuntimeError(f"training finished but left no checkpoint in {s.run_dir}")
-    return latest
+        raise RuntimeError(f"{stage} finished but left no checkpoint in {run_dir}")
+    return StageRun(latest, trained=True)
 
 
-def find_eval(s: DemoSettings, actor_dir: Path) -> tuple[str, Path] | None:
-    """An earlier evaluation of the same checkpoint on as many questions (the result line and its folder), if any."""
-    if s.fresh:
-        return None
-    for metrics_path in sorted((s.run_dir / "eval").glob("search-*/metrics.json"), reverse=True):
+def find_eval(s: DemoSettings, stage: str, model: str) -> Path | None:
+    """An earlier evaluation of the same model on as many questions, if any (its run folder)."""
+    for metrics_path in sorted((s.run_dir / "eval" / stage).glob("search-*/metrics.json"), reverse=True):
         m = json.loads(metrics_path.read_text())
-        if m.get("model") == str(actor_dir) and m.get("eval/all/n") == s.eval_samples:
-            line = "eval n={} em={:.4f} subem={:.4f} f1={:.4f}".format(
-                s.eval_samples, m["eval/all/em"], m["eval/all/subem"], m["eval/all/f1"]
-            )
-            return line, metrics_path.parent
+        if m.get("model") == model and m.get("eval/all/n") == s.eval_samples:
+            return metrics_path.parent
     return None
 
 
-def evaluate(s: DemoSettings, url: str, checkpoint: Path) -> tuple[str, Path]:
-    """Greedy evaluation of the checkpoint's actor with search; returns the result line and the output folder."""
+def evaluate(s: DemoSettings, url: str, stage: str, checkpoint: Path | None, reuse: bool) -> Path:
+    """Greedy evaluation of one stage's policy with search (``checkpoint`` None: the base model); returns the output
+    folder. ``reuse``: an earlier evaluation of the same model on as many questions is kept."""
     from search_rl.main_eval import evaluate as run_eval
     from search_rl.main_eval import load_eval_config
 
-    previous = find_eval(s, checkpoint / "actor")
+    overrides = eval_overrides(s, url, stage, checkpoint)
+    cfg = load_eval_config(overrides)
+    previous = find_eval(s, stage, str(cfg.model.path)) if reuse else None
     if previous is not None:
-        logger.info("reusing the evaluation in %s (--fresh to train and evaluate again)", previous[1])
+        logger.info("reusing the %s evaluation in %s (--fresh to train and evaluate again)", stage, previous)
         return previous
-    overrides = eval_overrides(s, url, checkpoint / "actor")
-    logger.info("evaluating: python -m search_rl.main_eval %s", " ".join(overrides))
-    result = run_eval(load_eval_config(overrides))
-    return result.summary, result.output_dir
+    logger.info("evaluating %s: python -m search_rl.main_eval %s", stage, " ".join(overrides))
+    result = run_eval(cfg)
+    logger.info("%s: %s", stage, result.summary)
+    return result.output_dir
 
 
-def plot(run_dir: Path) -> list[Path]:
-    """Training curves as PNGs under ``<run>/plots`` (none, with a warning, when matplotlib is missing)."""
+def plot(s: DemoSettings, stages: list[Any]) -> list[Path]:
+    """The recipe's curves (``plots/recipe.png``) and each training stage's panels (``plots/<stage>/``); none, with
+    a warning, when matplotlib is missing."""
     try:
-        from search_rl.tools.plot_metrics import plot_run
+        from search_rl.tools.plot_metrics import Stage, plot_recipe, plot_run
     except ImportError as e:
         logger.warning("no plots: %s (pip install matplotlib)", e)
         return []
-    return plot_run(run_dir)
+    out = s.run_dir / "plots"
+    written = [p for stage in ("sft", "rl") for p in plot_run(s.stage_dir(stage), out / stage)]
+    ends = {"base": 0, "sft": s.sft_steps, "rl": s.sft_steps + s.steps}
+    points = [
+        Stage(r.name, ends[r.name], r.metrics["eval/all/em"], s.stage_dir(r.name) if r.name != "base" else None)
+        for r in stages
+    ]
+    return [plot_recipe(points, out), *written]
 
 
-def summarize(s: DemoSettings, checkpoint: Path, eval_line: str, eval_dir: Path, plots: list[Path]) -> None:
-    """Where everything is, and what to run next."""
+def summarize(s: DemoSettings, report: str, checkpoint: Path, plots: list[Path], seconds: dict[str, float]) -> None:
+    """The table, where everything is, and what to run next."""
     run = s.run_dir
+    rl = s.stage_dir("rl")
+    times = ", ".join(f"{k} {v:.0f}s" for k, v in seconds.items())
     lines = [
         "",
+        report,
+        "",
         "demo done:",
-        f"  checkpoint   {checkpoint}/actor   (an HF model folder)",
-        f"  metrics      {run / 'metrics.jsonl'}"
-        + (f"   (tensorboard --logdir {run / 'tensorboard'})" if (run / "tensorboard").is_dir() else ""),
-        f"  plots        {run / 'plots'}/ ({len(plots)} PNGs)",
-        f"  rollouts     {run / 'rollouts'}/   and {eval_dir / 'trajectories.jsonl'}",
-        f"  evaluation   {eval_line}   ({eval_dir / 'metrics.json'})",
-        f"  view them    python -m search_rl.tools.rollout_viewer {run}",
+        f"  policy       {checkpoint}/actor   (an HF model folder; the warm start is under {s.stage_dir('sft')})",
+        f"  metrics      {rl / 'metrics.jsonl'}   and {s.stage_dir('sft') / 'metrics.jsonl'}",
+        f"  plots        {run / 'plots'}/recipe.png   and {len(plots) - 1} panels under {run / 'plots'}/",
+        f"  rollouts     {rl / 'rollouts'}/   and {run / 'eval'}/<stage>/search-<time>/trajectories.jsonl",
+        f"  results      {run / 'results.md'}",
+        f"  view them    python -m search_rl.tools.rollout_viewer {rl}",
         f"  train more   python -m search_rl.demo --steps {s.steps * 2}",
+        f"  times        {times}",
     ]
     logger.info("\n".join(lines))
 
@@ -319,7 +402,10 @@ def serve(port: int, topk: int, keep_serving: bool) -> int:
 
 
 def run_demo(s: DemoSettings, port: int) -> int:
-    """Retriever up → train → evaluate → plots → summary; the retriever is stopped whatever happens."""
+    """Retriever up → warm start → RL → evaluate every stage → table, plots, summary; the retriever is stopped
+    whatever happens."""
+    from search_rl.tools.compare_evals import load_eval, report
+
     check_data()
     settings = get_settings()
     logger.info(
@@ -327,24 +413,36 @@ def run_demo(s: DemoSettings, port: int) -> int:
         settings.method.value,
         settings.corpus_path,
     )
+    seconds: dict[str, float] = {}
     t0 = time.perf_counter()
     retriever = RetrieverProcess(port=port, ready_timeout_s=3600, log_path=s.run_dir / "retriever.log")
     with started(retriever) as server:
-        logger.info("retriever ready in %.0fs at %s", time.perf_counter() - t0, server.url)
-        checkpoint = train(s, server.url)
-        t_train = time.perf_counter()
-        eval_line, eval_dir = evaluate(s, server.url, checkpoint)
-        t_eval = time.perf_counter()
-    plots = plot(s.run_dir)
-    logger.info(
-        "times: retriever+training %.0fs, evaluation %.0fs, total %.0fs",
-        t_train - t0,
-        t_eval - t_train,
-        time.perf_counter() - t0,
+        url = server.url
+        seconds["retriever"] = time.perf_counter() - t0
+        logger.info("retriever ready in %.0fs at %s", seconds["retriever"], url)
+        t = time.perf_counter()
+        sft = train_stage(s, "sft", sft_overrides(s, url, s.fresh), s.sft_steps, s.fresh)
+        seconds["warm start"] = time.perf_counter() - t
+        t = time.perf_counter()
+        rl_fresh = s.fresh or sft.trained  # RL from an older warm start is stale
+        rl = train_stage(s, "rl", train_overrides(s, url, sft.checkpoint, rl_fresh), s.steps, rl_fresh)
+        seconds["rl"] = time.perf_counter() - t
+        t = time.perf_counter()
+        reuse = {"base": not s.fresh, "sft": not sft.trained, "rl": not rl.trained}
+        checkpoints = {"base": None, "sft": sft.checkpoint, "rl": rl.checkpoint}
+        folders = {stage: evaluate(s, url, stage, checkpoints[stage], reuse[stage]) for stage in STAGES}
+        seconds["evaluation"] = time.perf_counter() - t
+    runs = [load_eval(stage, folders[stage]) for stage in STAGES]
+    text = report(runs)
+    plots = plot(s, runs)
+    seconds["total"] = time.perf_counter() - t0
+    (s.run_dir / "results.md").write_text(
+        "# Demo results\n\n" + text + "\n\nSeconds: " + json.dumps({k: round(v) for k, v in seconds.items()}) + "\n"
     )
-    summarize(s, checkpoint, eval_line, eval_dir, plots)
+    summarize(s, text, rl.checkpoint, plots, seconds)
     sys.stdout.flush()
-    sys.stdout.write(eval_line + "\n")  # the result line, last on stdout (as main_eval)
+    ems = " ".join(f"{r.name}={r.metrics['eval/all/em']:.4f}" for r in runs)
+    sys.stdout.write(f"demo n={s.eval_samples} em {ems}\n")  # the result line, last on stdout
     return 0
 
 
@@ -354,9 +452,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--exit", action="store_true", help="with --serve-only: stop after the demo queries")
     ap.add_argument("--port", type=int, default=8000, help="retriever port (a free one if taken; 0 = any free port)")
     ap.add_argument("--topk", type=int, default=3, help="passages shown per query (--serve-only)")
-    ap.add_argument("--steps", type=int, default=3, help="training steps")
-    ap.add_argument("--prompts", type=int, default=2, help="prompts per training step")
-    ap.add_argument("--eval-samples", type=int, default=8, help="test questions scored after training")
+    ap.add_argument("--sft-steps", type=int, default=10, help="warm-start optimizer steps")
+    ap.add_argument("--sft-batch", type=int, default=8, help="warm-start trajectories per step")
+    ap.add_argument("--steps", type=int, default=3, help="RL (GRPO) steps")
+    ap.add_argument("--prompts", type=int, default=4, help="prompts per RL step")
+    ap.add_argument("--group-size", type=int, default=4, help="samples per prompt (the GRPO group)")
+    ap.add_argument("--eval-samples", type=int, default=50, help="test questions each stage is scored on")
     ap.add_argument("--max-turns", type=int, default=2, help="search turns per episode")
     ap.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2", help="policy to train")
     ap.add_argument("--run-dir", type=Path, default=Path("runs/demo"), help="where the run goes")
@@ -366,7 +467,18 @@ def main(argv: list[str] | None = None) -> int:
     port = start_port(args.port)
     if args.serve_only:
         return serve(port, args.topk, keep_serving=not args.exit)
-    s = DemoSettings(args.steps, args.prompts, args.eval_samples, args.run_dir, args.model, args.max_turns, args.fresh)
+    s = DemoSettings(
+        sft_steps=args.sft_steps,
+        sft_batch=args.sft_batch,
+        steps=args.steps,
+        prompts=args.prompts,
+        group_size=args.group_size,
+        eval_samples=args.eval_samples,
+        run_dir=args.run_dir,
+        model=args.model,
+        max_turns=args.max_turns,
+        fresh=args.fresh,
+    )
     try:
         return run_demo(s, port)
     except KeyboardInterrupt:

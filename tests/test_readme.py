@@ -24,7 +24,9 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 REPO = Path(__file__).resolve().parents[1]
-DEMO_ARGS = "--model tiny --steps 1 --prompts 2 --eval-samples 2 --max-turns 1"
+DEMO_ARGS = (
+    "--model tiny --sft-steps 1 --sft-batch 2 --steps 1 --prompts 2 --group-size 2 --eval-samples 2 --max-turns 1"
+)
 VIEWER_CHECK = """
 import asyncio, sys
 from search_rl.tools.rollout_viewer import RolloutViewer, load_records
@@ -78,13 +80,18 @@ def test_quick_start_in_a_fresh_clone(tmp_path):
 
     out = _run(f"make demo PYTHON={python} DEMO_ARGS='{DEMO_ARGS} --port 0'", clone, env, 900)
     run = clone / "runs" / "demo"
-    assert re.search(r"^eval n=2 em=\S+ subem=\S+ f1=\S+$", out, re.MULTILINE), out[-3000:]
-    assert (run / "global_step_1" / "actor" / "config.json").exists()
-    assert (run / "metrics.jsonl").exists() and list((run / "plots").glob("*.png"))
-    assert list((run / "rollouts").glob("train_step_*.jsonl"))
-    assert f"python -m search_rl.tools.rollout_viewer {Path('runs/demo')}" in out
+    assert re.search(r"^demo n=2 em base=\S+ sft=\S+ rl=\S+$", out, re.MULTILINE), out[-3000:]
+    assert "| model | EM |" in out and "rl vs sft: better on" in out  # the table and the paired comparison
+    assert (run / "sft" / "global_step_1" / "actor" / "config.json").exists()
+    assert (run / "rl" / "global_step_1" / "actor" / "config.json").exists()
+    assert (run / "rl" / "metrics.jsonl").exists() and (run / "plots" / "recipe.png").exists()
+    assert list((run / "rl" / "rollouts").glob("train_step_*.jsonl"))
+    assert sorted(p.name for p in (run / "eval").iterdir()) == ["base", "rl", "sft"]
+    assert f"python -m search_rl.tools.rollout_viewer {Path('runs/demo/rl')}" in out
     again = _run(f"make demo PYTHON={python} DEMO_ARGS='{DEMO_ARGS} --port 0'", clone, env, 900)
-    assert "reusing runs/demo/global_step_1" in again  # re-running reuses the trained run
+    for stage in ("sft", "rl"):  # re-running reuses the trained stages and their evaluations
+        assert f"reusing runs/demo/{stage}/global_step_1" in again
+    assert "reusing the rl evaluation" in again
 
     _run(f"make test PYTHON={python} PYTEST_ARGS='-q tests/search_rl/tools/test_plot_metrics.py'", clone, env, 600)
 
@@ -96,4 +103,4 @@ def test_quick_start_in_a_fresh_clone(tmp_path):
             assert "viewer ok" in out
         else:
             _run(shlex.join([python, *argv[1:]]), clone, env, 300)
-    assert list((run / "plots").glob("reward.png"))
+    assert list((run / "rl" / "plots").glob("reward.png"))

@@ -18,6 +18,9 @@ import pytest
 
 from retriever_server.launcher import free_port
 from search_rl import demo
+from search_rl.config import load_config
+from search_rl.main_eval import load_eval_config
+from search_rl.main_sft import load_sft_config
 
 
 @pytest.fixture
@@ -25,6 +28,26 @@ def bm25(monkeypatch):
     """The demo's child server uses BM25 (its index is built in seconds and cached)."""
     monkeypatch.setenv("RETRIEVER_METHOD", "bm25")
     monkeypatch.setenv("RETRIEVER_SHOW_PROGRESS", "false")
+
+
+def test_stages_share_the_search_loop_and_budgets(tmp_path):
+    """Every stage composes into a valid config; training and evaluation run the same search loop, RL starts from
+    the warm start, and every stage is scored on the same questions (the paired comparison relies on it)."""
+    s = demo.DemoSettings(10, 8, 4, 4, 4, 50, tmp_path, "smollm2", 2, False)
+    url = "http://127.0.0.1:1/retrieve"
+    start = tmp_path / "sft" / "global_step_10"
+    sft = load_sft_config(demo.sft_overrides(s, url))
+    rl = load_config(demo.train_overrides(s, url, start))
+    evals = [load_eval_config(demo.eval_overrides(s, url, st, c)) for st, c in (("base", None), ("rl", start))]
+    for cfg, rollout in ((sft, sft.rollout), (rl, rl.actor_rollout_ref.rollout), *((e, e.rollout) for e in evals)):
+        assert (cfg.max_turns, rollout.max_turn_tokens, rollout.max_obs_tokens) == (2, 64, 160)
+        assert rollout.max_response_tokens == 400
+    assert rl.model.path == str(start) and rl.algorithm.adv_estimator == "grpo"
+    assert rl.actor_rollout_ref.rollout.n == 4 and rl.data.train_batch_size == 4
+    assert sft.trainer.default_local_dir == str(tmp_path / "sft")
+    assert rl.trainer.default_local_dir == str(tmp_path / "rl")
+    assert evals[1].model.path == str(start / "actor") and evals[0].model.path == sft.model.path
+    assert {e.data.max_samples for e in evals} == {50} and evals[0].output_dir == str(tmp_path / "eval" / "base")
 
 
 def _down(port: int) -> bool:
