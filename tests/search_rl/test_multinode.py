@@ -24,7 +24,9 @@ import pytest
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.integration]
 
 # Token authentication (on by default in Ray 2.60) is a cluster-wide choice; these loopback-only nodes opt out.
-RAY_ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+# RAY_DEDUP_LOGS=0: the driver otherwise folds worker lines that differ only in numbers ("rank 1/2 ... joined" into
+# "rank 0/2 ... [repeated 3x across cluster]"), and the test reads each rank's line
+RAY_ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}
 
 
 def _free_port() -> int:
