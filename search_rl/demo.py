@@ -47,6 +47,7 @@ from retriever_server.corpus import split_contents
 from retriever_server.launcher import RetrieverProcess, free_port
 from retriever_server.settings import get_settings
 from search_rl.logging_setup import MESSAGE_FORMAT, configure_logging
+from search_rl.tools.compare_evals import EvalRun, load_eval, report
 
 logger = logging.getLogger("search_rl.demo")
 
@@ -346,7 +347,7 @@ def evaluate(s: DemoSettings, url: str, stage: str, checkpoint: Path | None, reu
     return result.output_dir
 
 
-def plot(s: DemoSettings, stages: list[Any]) -> list[Path]:
+def plot(s: DemoSettings, stages: list[EvalRun]) -> list[Path]:
     """The recipe's curves (``plots/recipe.png``) and each training stage's panels (``plots/<stage>/``); none, with
     a warning, when matplotlib is missing."""
     try:
@@ -404,8 +405,6 @@ def serve(port: int, topk: int, keep_serving: bool) -> int:
 def run_demo(s: DemoSettings, port: int) -> int:
     """Retriever up → warm start → RL → evaluate every stage → table, plots, summary; the retriever is stopped
     whatever happens."""
-    from search_rl.tools.compare_evals import load_eval, report
-
     check_data()
     settings = get_settings()
     logger.info(
