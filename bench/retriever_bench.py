@@ -31,7 +31,7 @@ from retriever_server.settings import Settings
 
 SHIPPED_SPLITS = [
     Path(__file__).resolve().parents[1] / "data" / "datasets" / "nq_hotpotqa_mini" / f"{s}.parquet"
-    for s in ("train", "test")
+    for s in ("train", "val", "test")
 ]
 """Default question source: the shipped splits (2,355 NQ + 500 HotpotQA questions)."""
 

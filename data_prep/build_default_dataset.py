@@ -2,10 +2,11 @@
 
 Files written (all with the ``search`` template, rows as :mod:`data_prep.rows` describes):
 
-- ``nq_hotpotqa_mini/train.parquet`` and ``nq_hotpotqa_mini/test.parquet``: NQ questions from the lost-in-the-middle
-  oracle file and HotpotQA questions from the IRCoT dev subsample and HippoRAG's train sample, kept only when
-  every gold passage of the question is in the shipped corpus. Test takes a fixed number per source, the rest
-  is train; HippoRAG's HotpotQA *train* questions always go to train.
+- ``nq_hotpotqa_mini/{train,val,test}.parquet``: NQ questions from the lost-in-the-middle oracle file and
+  HotpotQA questions from the IRCoT dev subsample and HippoRAG's train sample, kept only when every gold passage
+  of the question is in the shipped corpus. Test takes a fixed number per source, validation (a slice of the
+  training pool, for choosing settings and checkpoints) the next fixed number, the rest is train; HippoRAG's
+  HotpotQA *train* questions never go to test.
 - ``eval/musique_test.parquet`` (HippoRAG's MuSiQue sample, gold paragraphs checked against the corpus the same way),
   ``eval/2wikimultihopqa_test.parquet`` and ``eval/bamboogle_test.parquet`` (R1-Searcher's eval files; their
   evidence is not known to be in the corpus): evaluation only.
@@ -16,9 +17,10 @@ Files written (all with the ``search`` template, rows as :mod:`data_prep.rows` d
   the selection rule, the evidence check, and the sha256 of the file.
 
 The split is decided by sorting each source's questions by SHA-256 of ``SALT|source|question id`` and taking the
-first ``n_test``: it does not depend on file order, and a rebuild from the same raw files gives the same bytes.
-No test question (compared case-insensitively after normalisation) may appear in train; the build fails if one
-does. The raw snapshot is not part of the repository; maintainers who have it run::
+first ``n_test`` for test, then the first ``n_val`` of the rest for validation: it does not depend on file order,
+and a rebuild from the same raw files gives the same bytes. No test or validation question (compared
+case-insensitively after normalisation) may appear in train, nor a test question in validation; the build fails
+if one does. The raw snapshot is not part of the repository; maintainers who have it run::
 
     python -m data_prep.build_default_dataset --raw ../shared/data/raw      # --out data/datasets
 """
@@ -176,10 +178,12 @@ BAMBOOGLE_R1 = RawFile(
 
 @dataclass(frozen=True)
 class Sizes:
-    """How many questions per source go to the NQ/HotpotQA test split (the rest of the pool is train)."""
+    """How many questions per source go to the NQ/HotpotQA test and validation splits (the rest is train)."""
 
     nq_test: int = 400
     hotpotqa_test: int = 200
+    nq_val: int = 150
+    hotpotqa_val: int = 50
 
 
 @dataclass
@@ -231,14 +235,15 @@ def _split_order(q: Question) -> str:
 
 
 def split_pool(
-    questions: Sequence[Question], n_test: int, train_only: set[Path]
-) -> tuple[list[Question], list[Question]]:
-    """Deterministic split: the first ``n_test`` questions by hash order go to test, the rest to train.
+    questions: Sequence[Question], n_test: int, train_only: set[Path], n_val: int = 0
+) -> tuple[list[Question], list[Question], list[Question]]:
+    """Deterministic split into (train, val, test): the first ``n_test`` questions by hash order go to test, the
+    first ``n_val`` of the others to validation, the rest to train.
 
-    Questions read from a path in ``train_only`` are never put in test.
+    Questions read from a path in ``train_only`` are never put in test (they may go to validation, a train slice).
 
     Raises:
-        ValueError: fewer eligible questions than ``n_test``.
+        ValueError: fewer eligible questions than ``n_test``, or fewer left than ``n_val``.
     """
     ordered = sorted(questions, key=_split_order)
     eligible = [q for q in ordered if q.where.path not in train_only]
@@ -246,22 +251,25 @@ def split_pool(
         raise ValueError(f"only {len(eligible)} questions can go to test, {n_test} asked")
     test = eligible[:n_test]
     test_keys = {id(q) for q in test}
-    return [q for q in ordered if id(q) not in test_keys], test
+    rest = [q for q in ordered if id(q) not in test_keys]
+    if len(rest) < n_val:
+        raise ValueError(f"only {len(rest)} questions are left for validation, {n_val} asked")
+    return rest[n_val:], rest[:n_val], test
 
 
 def _overlap_key(question: str) -> str:
     return question.casefold().rstrip("?").strip()
 
 
-def check_disjoint(train: Sequence[Question], tests: dict[str, Sequence[Question]]) -> None:
-    """Raise ValueError if any test question also occurs in train (case-insensitive, trailing ``?`` ignored)."""
+def check_disjoint(train: Sequence[Question], tests: dict[str, Sequence[Question]], train_name: str = "train") -> None:
+    """Raise ValueError if any test question also occurs in ``train`` (case-insensitive, trailing ``?`` ignored)."""
     seen = {_overlap_key(q.question): q for q in train}
     for name, questions in tests.items():
         clash = [(q, seen[_overlap_key(q.question)]) for q in questions if _overlap_key(q.question) in seen]
         if clash:
             q, t = clash[0]
             raise ValueError(
-                f"{len(clash)} questions of {name} are also in train, e.g. {q.where} and {t.where}: {q.question!r}"
+                f"{len(clash)} questions of {name} are also in {train_name}, e.g. {q.where} and {t.where}: {q.question!r}"
             )
 
 
@@ -296,15 +304,19 @@ def plan_files(raw: Path, corpus_keys: CorpusIds, sizes: Sizes) -> dict[str, Fil
     """Decide the questions of every shipped file (path under the output folder -> plan)."""
     nq = _read(raw, [NQ_ORACLE], corpus_keys)
     hotpot = _read(raw, [HOTPOT_IRCOT, HOTPOT_HIPPORAG], corpus_keys)
-    nq_train, nq_test = split_pool(nq.questions, sizes.nq_test, set())
-    hp_train, hp_test = split_pool(hotpot.questions, sizes.hotpotqa_test, {raw / HOTPOT_HIPPORAG.rel})
+    nq_train, nq_val, nq_test = split_pool(nq.questions, sizes.nq_test, set(), sizes.nq_val)
+    hp_train, hp_val, hp_test = split_pool(
+        hotpot.questions, sizes.hotpotqa_test, {raw / HOTPOT_HIPPORAG.rel}, sizes.hotpotqa_val
+    )
     rule = (
         f"questions whose gold passages are all in the corpus, sorted per source by sha256('{SALT}|<source>|"
         f"<question id>'); the first {sizes.nq_test} nq and {sizes.hotpotqa_test} hotpotqa go to test (HippoRAG "
-        "train questions never do), the rest to train"
+        f"train questions never do), the next {sizes.nq_val} nq and {sizes.hotpotqa_val} hotpotqa to val, "
+        "the rest to train"
     )
     plan = {
         "nq_hotpotqa_mini/train.parquet": FilePlan("train", nq_train + hp_train, [nq, hotpot], rule),
+        "nq_hotpotqa_mini/val.parquet": FilePlan("val", nq_val + hp_val, [nq, hotpot], rule),
         "nq_hotpotqa_mini/test.parquet": FilePlan("test", nq_test + hp_test, [nq, hotpot], rule),
     }
     for name, files, keys in [
@@ -316,7 +328,9 @@ def plan_files(raw: Path, corpus_keys: CorpusIds, sizes: Sizes) -> dict[str, Fil
         chosen = "questions whose gold paragraphs are all in the corpus" if pool.evidence else "all questions"
         plan[f"eval/{name}_test.parquet"] = FilePlan("test", pool.questions, [pool], f"{chosen}; evaluation only")
     tests: dict[str, Sequence[Question]] = {name: p.questions for name, p in plan.items() if p.split == "test"}
-    check_disjoint(plan["nq_hotpotqa_mini/train.parquet"].questions, tests)
+    val = plan["nq_hotpotqa_mini/val.parquet"].questions
+    check_disjoint(plan["nq_hotpotqa_mini/train.parquet"].questions, {**tests, "nq_hotpotqa_mini/val.parquet": val})
+    check_disjoint(val, tests, train_name="nq_hotpotqa_mini/val.parquet")
     return plan
 
 
@@ -362,7 +376,8 @@ def build(raw: Path, corpus: Path, out: Path, sizes: Sizes = Sizes()) -> dict[st
         "builder": "data_prep/build_default_dataset.py",
         "template": {"name": TEMPLATE, "file": _shown_path(template.path), "sha256": _sha256(template.path)},
         "corpus": {"file": _shown_path(corpus), "passages": len(corpus_keys), "sha256": _sha256(corpus)},
-        "train_test_disjoint": "checked: no test question (case-insensitive, trailing '?' ignored) occurs in train",
+        "train_test_disjoint": "checked: no test or val question (case-insensitive, trailing '?' ignored) occurs in "
+        "train, and no test question in val",
         "files": files,
         "gold_passages": {
             "file": GOLD_FILE,

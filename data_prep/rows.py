@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 ABILITY = "fact-reasoning"
-SPLITS = ("train", "test")
+SPLITS = ("train", "val", "test")
 _WS = re.compile(r"\s+")
 _SOURCE_NAME = re.compile(r"^[A-Za-z0-9_.]+$")
 

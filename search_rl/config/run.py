@@ -22,8 +22,9 @@ class DataConfig:
 
     train_files: list[str] = field(default_factory=lambda: ["data/datasets/nq_hotpotqa_mini/train.parquet"])
     """Training parquet files (relative paths are taken from the working directory, then from the repository)."""
-    val_files: list[str] = field(default_factory=lambda: ["data/datasets/nq_hotpotqa_mini/test.parquet"])
-    """Validation parquet files; metrics are reported per ``data_source``."""
+    val_files: list[str] = field(default_factory=lambda: ["data/datasets/nq_hotpotqa_mini/val.parquet"])
+    """Validation parquet files (a slice of train: choose settings and steps on it, report on test); metrics are
+    reported per ``data_source``."""
     train_batch_size: int = 4
     """Prompts per training step (each rolled out ``rollout.n`` times)."""
     val_max_samples: int | None = 32

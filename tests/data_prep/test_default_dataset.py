@@ -33,9 +33,10 @@ from data_prep.rows import read_rows
 FIXTURES = Path(__file__).parent / "fixtures"
 RAW = FIXTURES / "raw"
 CORPUS = FIXTURES / "corpus.jsonl.gz"
-SIZES = Sizes(nq_test=2, hotpotqa_test=1)
+SIZES = Sizes(nq_test=2, hotpotqa_test=1, nq_val=1, hotpotqa_val=1)
 FILES = [
     "nq_hotpotqa_mini/train.parquet",
+    "nq_hotpotqa_mini/val.parquet",
     "nq_hotpotqa_mini/test.parquet",
     "eval/musique_test.parquet",
     "eval/2wikimultihopqa_test.parquet",
@@ -55,7 +56,8 @@ def test_files_and_counts(built: tuple[Path, dict]) -> None:
     counts = {name: info["rows_per_source"] for name, info in manifest["files"].items()}
     # Fixtures: 6 NQ oracle, 4 IRCoT + 2 HippoRAG HotpotQA, 2 MuSiQue, 3 2Wiki, 3 Bamboogle questions.
     assert counts == {
-        "nq_hotpotqa_mini/train.parquet": {"hotpotqa": 5, "nq": 4},
+        "nq_hotpotqa_mini/train.parquet": {"hotpotqa": 4, "nq": 3},
+        "nq_hotpotqa_mini/val.parquet": {"hotpotqa": 1, "nq": 1},
         "nq_hotpotqa_mini/test.parquet": {"hotpotqa": 1, "nq": 2},
         "eval/musique_test.parquet": {"musique": 2},
         "eval/2wikimultihopqa_test.parquet": {"2wikimultihopqa": 3},
@@ -73,17 +75,39 @@ def test_files_and_counts(built: tuple[Path, dict]) -> None:
 def test_hipporag_train_questions_never_go_to_test(built: tuple[Path, dict]) -> None:
     out, _ = built
     test_ids = {r["extra_info"]["id"] for r in read_rows(out / "nq_hotpotqa_mini/test.parquet")}
-    train_ids = {r["extra_info"]["id"] for r in read_rows(out / "nq_hotpotqa_mini/train.parquet")}
+    train_ids = {r["extra_info"]["id"] for s in ("train", "val") for r in read_rows(out / f"nq_hotpotqa_mini/{s}.parquet")}
     hipporag = json.loads((RAW / "OSU-NLP-Group__HippoRAG/hotpotqa_train.json").read_text())
-    assert {f"hotpotqa-train-{r['_id']}" for r in hipporag} <= train_ids
+    assert {i.split("-", 2)[2] for i in train_ids} >= {r["_id"] for r in hipporag}  # train or val (ids name the split)
     assert not {f"hotpotqa-test-{r['_id']}" for r in hipporag} & test_ids
 
 
-def test_train_and_test_are_disjoint(built: tuple[Path, dict]) -> None:
+def test_train_val_and_test_are_disjoint(built: tuple[Path, dict]) -> None:
     out, _ = built
     train = {r["question"].casefold() for r in read_rows(out / "nq_hotpotqa_mini/train.parquet")}
+    val = {r["question"].casefold() for r in read_rows(out / "nq_hotpotqa_mini/val.parquet")}
     for name in FILES[1:]:
         assert not train & {r["question"].casefold() for r in read_rows(out / name)}
+    for name in FILES[2:]:
+        assert not val & {r["question"].casefold() for r in read_rows(out / name)}
+
+
+def test_validation_is_the_next_slice_of_the_hash_order(built: tuple[Path, dict], tmp_path: Path) -> None:
+    """Asking for one more validation question moves the next train question (in hash order) to val; test stays."""
+    out, _ = built
+    more = build(RAW, CORPUS, tmp_path, Sizes(nq_test=2, hotpotqa_test=1, nq_val=2, hotpotqa_val=1))
+    ids = {  # <source>-<split>-<key>: compared without the split, which names the file
+        (d, name): {re.sub(r"-(train|val|test)-", "-", r["extra_info"]["id"], count=1) for r in read_rows(d / name)}
+        for d in (out, tmp_path)
+        for name in FILES[:3]
+    }
+    train, val, test = (f"nq_hotpotqa_mini/{s}.parquet" for s in ("train", "val", "test"))
+    assert ids[(tmp_path, test)] == ids[(out, test)]
+    moved = ids[(tmp_path, val)] - ids[(out, val)]
+    assert len(moved) == 1 and moved <= ids[(out, train)] and ids[(out, val)] <= ids[(tmp_path, val)]
+    assert ids[(tmp_path, train)] == ids[(out, train)] - moved
+    assert more["files"][val]["rows_per_source"] == {"hotpotqa": 1, "nq": 2}
+    with pytest.raises(ValueError, match="only 4 questions are left for validation, 5 asked"):
+        build(RAW, CORPUS, tmp_path / "x", Sizes(nq_test=2, hotpotqa_test=1, nq_val=5, hotpotqa_val=1))
 
 
 def test_build_is_deterministic(built: tuple[Path, dict], tmp_path: Path) -> None:
@@ -106,7 +130,7 @@ def test_questions_without_gold_passage_in_corpus_are_dropped_and_counted(tmp_pa
         "dropped_gold_not_in_corpus": 1,
     }
     questions = [
-        r["question"] for name in FILES[:2] for r in read_rows(tmp_path / "out" / name) if r["data_source"] == "nq"
+        r["question"] for name in FILES[:3] for r in read_rows(tmp_path / "out" / name) if r["data_source"] == "nq"
     ]
     assert len(questions) == 5 and "when is the next deadpool movie being released?" not in questions
 
@@ -145,7 +169,7 @@ def test_gold_file_names_the_raw_gold_passages(built: tuple[Path, dict]) -> None
     gold = [json.loads(line) for line in (out / GOLD_FILE).read_text().splitlines()]
     assert manifest["gold_passages"]["rows"] == len(gold)
     with_evidence = [name for name, info in manifest["files"].items() if info["evidence_check"]]
-    assert sorted(with_evidence) == sorted(FILES[:3])  # 2Wiki and Bamboogle record no gold passages
+    assert sorted(with_evidence) == sorted(FILES[:4])  # 2Wiki and Bamboogle record no gold passages
     for name in with_evidence:
         ids = [r["extra_info"]["id"] for r in read_rows(out / name)]
         assert [g["id"] for g in gold if g["file"] == name] == ids, name
@@ -155,7 +179,7 @@ def test_gold_file_names_the_raw_gold_passages(built: tuple[Path, dict]) -> None
         for row in map(json.loads, f):
             ctx = next(c for c in row["ctxs"] if c.get("isgold"))
             oracle[row["question"].rstrip("?").casefold()] = f'"{ctx["title"]}"\n{" ".join(ctx["text"].split())}'
-    questions = {r["extra_info"]["id"]: r["question"] for name in FILES[:2] for r in read_rows(out / name)}
+    questions = {r["extra_info"]["id"]: r["question"] for name in FILES[:3] for r in read_rows(out / name)}
     nq = [g for g in gold if g["id"].startswith("nq-")]
     assert len(nq) == 6
     for g in nq:
@@ -176,7 +200,7 @@ def test_shipped_files_match_their_manifest() -> None:
         assert len(rows) == info["rows"]
         assert dict(Counter(r["data_source"] for r in rows)) == info["rows_per_source"]
         assert {r["extra_info"]["split"] for r in rows} == {info["split"]}
-        if info["split"] == "test":
+        if info["split"] in ("val", "test"):
             assert not train_questions & {r["question"].casefold().rstrip("?").strip() for r in rows}, name
     assert manifest["gold_passages"]["sha256"] == _sha256(DEFAULT_OUT / GOLD_FILE)
     sizes = {p: p.stat().st_size for p in (REPO_ROOT / "data").rglob("*") if p.is_file()}
@@ -191,7 +215,7 @@ def test_gold_passages_of_shipped_files_are_in_the_shipped_corpus() -> None:
         gold = {(g["file"], g["id"]): g["corpus_ids"] for g in map(json.loads, f)}
     checked: Counter[str] = Counter()
     answered: Counter[str] = Counter()
-    for name in FILES[:3]:
+    for name in FILES[:4]:
         for r in read_rows(DEFAULT_OUT / name):
             ids = gold.pop((name, r["extra_info"]["id"]))
             assert ids and all(i in corpus for i in ids), (name, r["extra_info"]["id"])
