@@ -269,7 +269,8 @@ def check_disjoint(train: Sequence[Question], tests: dict[str, Sequence[Question
         if clash:
             q, t = clash[0]
             raise ValueError(
-                f"{len(clash)} questions of {name} are also in {train_name}, e.g. {q.where} and {t.where}: {q.question!r}"
+                f"{len(clash)} questions of {name} are also in {train_name}, "
+                f"e.g. {q.where} and {t.where}: {q.question!r}"
             )
 
 

@@ -75,7 +75,8 @@ def test_files_and_counts(built: tuple[Path, dict]) -> None:
 def test_hipporag_train_questions_never_go_to_test(built: tuple[Path, dict]) -> None:
     out, _ = built
     test_ids = {r["extra_info"]["id"] for r in read_rows(out / "nq_hotpotqa_mini/test.parquet")}
-    train_ids = {r["extra_info"]["id"] for s in ("train", "val") for r in read_rows(out / f"nq_hotpotqa_mini/{s}.parquet")}
+    pool = ("train", "val")
+    train_ids = {r["extra_info"]["id"] for s in pool for r in read_rows(out / f"nq_hotpotqa_mini/{s}.parquet")}
     hipporag = json.loads((RAW / "OSU-NLP-Group__HippoRAG/hotpotqa_train.json").read_text())
     assert {i.split("-", 2)[2] for i in train_ids} >= {r["_id"] for r in hipporag}  # train or val (ids name the split)
     assert not {f"hotpotqa-test-{r['_id']}" for r in hipporag} & test_ids
