@@ -50,12 +50,17 @@ class Budget:
     max_turns: int = 2
     max_turn_tokens: int = 128
     max_obs_tokens: int = 256
+    val_every: int = 0
+    """Validate the RL run every this many steps (and before it) on ``val_questions`` of the shipped validation split
+    (a slice of train), keep those checkpoints and score the best one on test; 0 = score the last step."""
+    val_questions: int = 100
 
 
 FULL = Budget(eval_questions=100, sft_steps=30, sft_batch=8, rl_steps=6, rl_prompts=4, group_size=4)
 QUICK = Budget(eval_questions=8, sft_steps=4, sft_batch=4, rl_steps=1, rl_prompts=2, group_size=2)
-LONG = Budget(eval_questions=300, sft_steps=30, sft_batch=8, rl_steps=40, rl_prompts=4, group_size=4)
-"""``--profile long``: 300 test questions (enough for a paired test to see 10 EM points) and 40 RL steps."""
+LONG = Budget(eval_questions=300, sft_steps=30, sft_batch=8, rl_steps=40, rl_prompts=4, group_size=4, val_every=5)
+"""``--profile long``: 300 test questions (enough for a paired test to see 10 EM points), 40 RL steps, the step
+chosen on 100 validation questions every 5 steps."""
 PROFILES = {"full": FULL, "quick": QUICK, "long": LONG}
 
 RL_DEFAULTS = (
@@ -89,6 +94,8 @@ class Bench:
     results: dict[str, dict[str, float]] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     warm_start: Path | None = None
+    chosen: dict[str, dict[str, object]] = field(default_factory=dict)
+    """Per RL row chosen on validation: ``{"step", "val_em": {step: em}}``."""
 
     def shared(self) -> list[str]:
         """Overrides every trainer and evaluation run shares: the same retriever, search loop and budgets for all
@@ -162,6 +169,15 @@ class Bench:
         run_dir = self.out / algorithm
         grpo = algorithm == "grpo"
         prompts = b.rl_prompts if grpo else b.rl_prompts * b.group_size
+        saving = [f"trainer.save_freq={b.rl_steps}", "trainer.test_freq=0"]
+        if b.val_every > 0:  # keep every validated checkpoint; the best on validation is the one scored on test
+            saving = [
+                f"trainer.save_freq={b.val_every}",
+                f"trainer.test_freq={b.val_every}",
+                "trainer.val_before_train=true",
+                f"trainer.max_ckpt_to_keep={-(-b.rl_steps // b.val_every) + 1}",
+                f"data.val_max_samples={b.val_questions}",
+            ]
         self.run(
             algorithm,
             "search_rl.main_ppo",
@@ -170,8 +186,7 @@ class Bench:
                 f"model.path={start}",
                 f"trainer.default_local_dir={run_dir}",
                 f"trainer.total_training_steps={b.rl_steps}",
-                f"trainer.save_freq={b.rl_steps}",
-                "trainer.test_freq=0",
+                *saving,
                 "trainer.resume=disable",
                 "trainer.logger=[console,jsonl]",
                 # every worker gets all cores: the loop's phases (actor, critic) never compute at the same time
@@ -186,7 +201,15 @@ class Bench:
                 *self.rl_overrides,
             ],
         )
-        return run_dir / f"global_step_{b.rl_steps}"
+        if b.val_every <= 0:
+            return run_dir / f"global_step_{b.rl_steps}"
+        from search_rl.tools.best_checkpoint import choose_step, saved_steps, validation_scores
+
+        scores = validation_scores(run_dir)
+        step = choose_step(scores, saved_steps(run_dir))
+        self.chosen[algorithm] = {"step": step, "val_em": scores}
+        print(f"[{time.strftime('%H:%M:%S')}] {algorithm}: step {step} chosen on validation EM {scores}", flush=True)
+        return run_dir / f"global_step_{step}"
 
 
 def phase_seconds(run_dir: Path) -> dict[str, float]:
@@ -278,6 +301,7 @@ def write_report(bench: Bench, started: float) -> None:
         "plots": plots,
         "examples": trajectories,
         "paired": pairs,
+        "chosen_on_validation": bench.chosen,
     }
     (out / "results.json").write_text(json.dumps(payload, indent=1, ensure_ascii=False))
     (out / "commands.sh").write_text("#!/bin/sh\nset -e\n" + "\n".join(bench.commands) + "\n")
@@ -293,6 +317,9 @@ def write_report(bench: Bench, started: float) -> None:
         f"- {name}: better on {v['better']}, worse on {v['worse']} questions; exact McNemar p = {v['p']:.3f}"
         for name, v in pairs.items()
     ]
+    for name, chosen in bench.chosen.items():
+        curve = ", ".join(f"{step}: {em:.3f}" for step, em in sorted(chosen["val_em"].items()))  # type: ignore[attr-defined]
+        md.append(f"- **{name}** scored at step {chosen['step']}, chosen on validation EM by step ({curve})")
     md += ["", "## Seconds per step by phase", ""]
     for name, phases in timings.items():
         md.append(f"- **{name}**: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
@@ -329,10 +356,15 @@ def main() -> None:
     ap.add_argument("--profile", choices=sorted(PROFILES), default=None, help="budgets (default full; --quick: quick)")
     ap.add_argument("--warm-start", type=Path, default=None, help="reuse this main_sft checkpoint instead of training")
     ap.add_argument("--rl-steps", type=int, default=None, help="RL steps (default: the profile's)")
+    ap.add_argument(
+        "--val-every", type=int, default=None, help="validate every N RL steps, score the best (default: profile's)"
+    )
     args = ap.parse_args()
     budget = PROFILES[args.profile or ("quick" if args.quick else "full")]
     if args.rl_steps is not None:
         budget = dataclasses.replace(budget, rl_steps=args.rl_steps)
+    if args.val_every is not None:
+        budget = dataclasses.replace(budget, val_every=args.val_every)
     out = (args.out or REPO / ("runs/learning_bench_quick" if args.quick else "runs/learning_bench")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     rows = set(args.rows.split(","))

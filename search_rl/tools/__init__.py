@@ -1,1 +1,2 @@
-"""Command-line tools around a run: ``rollout_viewer``, ``plot_metrics``, ``diagnose``, ``print_config``."""
+"""Command-line tools around a run: ``rollout_viewer``, ``plot_metrics``, ``diagnose``, ``print_config``,
+``compare_evals``, ``best_checkpoint``."""
