@@ -26,30 +26,18 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from checksum_reward import CHECKSUM_REWARD
 
 from search_rl.async_rollout import GeneratorFailure
 from search_rl.config import load_config
-from search_rl.datatypes import GroundTruth, RewardResult, Trajectory
 from search_rl.main_ppo import build_rollout_source, build_trainer, build_workers, prepare, run
-from search_rl.reward import REWARDS
-from search_rl.reward.registry import qa_components
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.integration]
 
-TEST_REWARD = "test_async_checksum"
+TEST_REWARD = CHECKSUM_REWARD  # registered by the import
 NOISY = ("timing/", "perf/tokens_per_s", "perf/actor_update_tokens_per_s", "rollout/gen_tokens_per_s", "async/")
 N = 2  # samples per prompt
 PROMPTS = 2  # prompts per step
-
-
-def checksum_reward(trajectory: Trajectory, ground_truth: GroundTruth) -> RewardResult:
-    """A deterministic reward in {0, 0.25, .., 1} from the sampled token ids."""
-    sampled = trajectory.response_ids[trajectory.response_mask == 1]
-    return RewardResult((int(sampled.sum()) % 5) / 4, qa_components(trajectory, ground_truth))
-
-
-if TEST_REWARD not in REWARDS:
-    REWARDS.register(TEST_REWARD)(checksum_reward)
 
 
 def _overrides(run_dir: Path, url: str, *extra: str) -> list[str]:

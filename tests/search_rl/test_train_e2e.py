@@ -6,7 +6,7 @@
 - Kill and resume: a run dies in the middle of step 3 (after the step-2 checkpoint; its workers are killed), a new
   run with ``trainer.resume=auto`` continues, and its step-3 metrics equal the uninterrupted run's.
 
-The random model never answers, so a test reward (``test_e2e_checksum``: a checksum of the sampled tokens, varied
+The random model never answers, so a test reward (``checksum_reward.py``: a checksum of the sampled tokens, varied
 within groups) gives the advantages something to work with.
 
 Run: python -m pytest tests/search_rl/test_train_e2e.py -q   (about 2-3 minutes on 2 cores)
@@ -20,28 +20,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from checksum_reward import CHECKSUM_REWARD
 
 from search_rl.config import ConfigError, load_config
-from search_rl.datatypes import GroundTruth, RewardResult, Trajectory
 from search_rl.main_ppo import build_trainer, build_workers, prepare, run
 from search_rl.models import build_tiny_model, load_model
-from search_rl.reward import REWARDS
-from search_rl.reward.registry import qa_components
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.integration]
 
-TEST_REWARD = "test_e2e_checksum"
+TEST_REWARD = CHECKSUM_REWARD  # registered by the import
 NOISY_KEYS = ("timing/", "perf/tokens_per_s", "perf/actor_update_tokens_per_s", "rollout/gen_tokens_per_s")
-
-
-def checksum_reward(trajectory: Trajectory, ground_truth: GroundTruth) -> RewardResult:
-    """A deterministic reward in {0, 0.25, .., 1} from the sampled token ids (varies between samples)."""
-    sampled = trajectory.response_ids[trajectory.response_mask == 1]
-    return RewardResult((int(sampled.sum()) % 5) / 4, qa_components(trajectory, ground_truth))
-
-
-if TEST_REWARD not in REWARDS:
-    REWARDS.register(TEST_REWARD)(checksum_reward)
 
 
 def _overrides(run_dir: Path, url: str, *extra: str) -> list[str]:
