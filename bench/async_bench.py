@@ -261,14 +261,10 @@ def main() -> None:
         out = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="async-bench-")))
         url = args.retriever_url
         if url is None:
-            from retriever_server.launcher import RetrieverProcess
+            from retriever_server.launcher import RetrieverProcess, bm25_env
 
-            env = {
-                "RETRIEVER_METHOD": "bm25",
-                "RETRIEVER_INDEX_DIR": str(out / "index"),
-                "RETRIEVER_SHOW_PROGRESS": "0",
-            }
-            url = stack.enter_context(RetrieverProcess(env=env, log_path=out / "retriever.log")).url
+            server = RetrieverProcess(env=bm25_env(out / "index"), log_path=out / "retriever.log")
+            url = stack.enter_context(server).url
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
         stack.callback(ray.shutdown)
         for mode in MODES:

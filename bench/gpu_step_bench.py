@@ -125,10 +125,9 @@ def main() -> None:
     shutil.rmtree(run_dir, ignore_errors=True)
     n_params = build_model(args.arch, args.tokenizer, model_dir)
 
-    from retriever_server.launcher import RetrieverProcess
+    from retriever_server.launcher import RetrieverProcess, bm25_env
 
-    env = {"RETRIEVER_METHOD": "bm25", "RETRIEVER_INDEX_DIR": str(out / "index"), "RETRIEVER_SHOW_PROGRESS": "0"}
-    with RetrieverProcess(env=env, log_path=out / "retriever.log") as retriever:
+    with RetrieverProcess(env=bm25_env(out / "index"), log_path=out / "retriever.log") as retriever:
         overrides = [
             "algorithm=grpo",
             f"model.path={model_dir}",

@@ -57,6 +57,16 @@ def wait_until_ready(url: str, timeout_s: float, process: subprocess.Popen[bytes
     raise TimeoutError(f"retriever at {url} not ready after {timeout_s:.0f}s (last status: {last})")
 
 
+def bm25_env(index_dir: Path, corpus: Path | None = None) -> dict[str, str]:
+    """Settings of a throwaway BM25 server: its index built in ``index_dir`` (seconds for the shipped corpus, nothing
+    shared with the user's cache), over ``corpus`` (default: the shipped one), progress bars off. Benchmarks and tests
+    start one with ``RetrieverProcess(env=bm25_env(folder))``; add other ``RETRIEVER_*`` keys to the dict."""
+    env = {"RETRIEVER_METHOD": "bm25", "RETRIEVER_INDEX_DIR": str(index_dir), "RETRIEVER_SHOW_PROGRESS": "false"}
+    if corpus is not None:
+        env["RETRIEVER_CORPUS_PATH"] = str(corpus)
+    return env
+
+
 class RetrieverProcess:
     """A ``python -m retriever_server`` child process; stopped on exit (also on errors and Ctrl-C)."""
 

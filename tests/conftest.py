@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from retriever_server.launcher import RetrieverProcess
+from retriever_server.launcher import RetrieverProcess, bm25_env
 from retriever_server.settings import SHIPPED_CORPUS, default_cache_dir
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -43,12 +43,7 @@ def index_cache_dir() -> Path:
 @pytest.fixture(scope="session")
 def retriever_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """URL of a real uvicorn retriever serving BM25 over the shipped corpus."""
-    env = {
-        "RETRIEVER_METHOD": "bm25",
-        "RETRIEVER_CORPUS_PATH": str(SHIPPED_CORPUS),
-        "RETRIEVER_INDEX_DIR": str(tmp_path_factory.mktemp("bm25-index")),
-        "RETRIEVER_SHOW_PROGRESS": "false",
-    }
+    env = bm25_env(tmp_path_factory.mktemp("bm25-index"), SHIPPED_CORPUS)
     log = tmp_path_factory.mktemp("logs") / "retriever-bm25.log"
     with RetrieverProcess(env=env, ready_timeout_s=180, log_path=log) as server:
         yield server.url

@@ -43,6 +43,8 @@ def retry_after_s(header: str | None) -> float | None:
     except ValueError:
         return None
     return value if value >= 0 else None
+
+
 PROBE_QUERY = "retriever start-up check"
 """The query ``check_reachable`` sends to prove that ``POST /retrieve`` answers."""
 

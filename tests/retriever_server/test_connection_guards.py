@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from retriever_server.launcher import RetrieverProcess, wait_until_ready
+from retriever_server.launcher import RetrieverProcess, bm25_env, wait_until_ready
 from retriever_server.settings import SHIPPED_CORPUS
 
 pytestmark = pytest.mark.integration
@@ -34,10 +34,7 @@ def guarded_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with gzip.open(SHIPPED_CORPUS, "rt", encoding="utf-8") as f:
         corpus.write_text("".join(line for line, _ in zip(f, range(300), strict=False)), encoding="utf-8")
     env = {
-        "RETRIEVER_METHOD": "bm25",
-        "RETRIEVER_CORPUS_PATH": str(corpus),
-        "RETRIEVER_INDEX_DIR": str(tmp_path_factory.mktemp("idx")),
-        "RETRIEVER_SHOW_PROGRESS": "false",
+        **bm25_env(tmp_path_factory.mktemp("idx"), corpus),
         "RETRIEVER_REQUEST_TIMEOUT_S": str(TIMEOUT_S),
         "RETRIEVER_ALLOWED_HOSTS": "node-a.example, 10.9.8.7",
     }

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from retriever_server.launcher import RetrieverProcess
+from retriever_server.launcher import RetrieverProcess, bm25_env
 from retriever_server.settings import SHIPPED_CORPUS
 
 pytestmark = pytest.mark.integration
@@ -44,10 +44,7 @@ def metric(url: str, name: str) -> float:
 def shedding_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A BM25 server that refuses work beyond 0.5 s of estimated wait, cache off."""
     env = {
-        "RETRIEVER_METHOD": "bm25",
-        "RETRIEVER_CORPUS_PATH": str(SHIPPED_CORPUS),
-        "RETRIEVER_INDEX_DIR": str(tmp_path_factory.mktemp("bm25-index")),
-        "RETRIEVER_SHOW_PROGRESS": "false",
+        **bm25_env(tmp_path_factory.mktemp("bm25-index"), SHIPPED_CORPUS),
         "RETRIEVER_CACHE_SIZE": "0",
         "RETRIEVER_MAX_QUEUE_WAIT_S": "0.5",
     }

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from retriever_server.launcher import RetrieverProcess, free_port
+from retriever_server.launcher import RetrieverProcess, bm25_env, free_port
 from search_rl.config import load_config
 from search_rl.main_ppo import build_trainer, build_workers, prepare
 from search_rl.trainer import RetrieverOutage
@@ -73,11 +73,7 @@ class AlwaysSearch:
 
 @pytest.fixture(scope="module")
 def server_env(tmp_path_factory) -> dict[str, str]:
-    return {
-        "RETRIEVER_METHOD": "bm25",
-        "RETRIEVER_INDEX_DIR": str(tmp_path_factory.mktemp("bm25-trainer-faults")),
-        "RETRIEVER_SHOW_PROGRESS": "false",
-    }
+    return bm25_env(tmp_path_factory.mktemp("bm25-trainer-faults"))
 
 
 @pytest.fixture

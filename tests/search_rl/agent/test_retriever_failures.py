@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from retriever_server.launcher import RetrieverProcess, free_port
+from retriever_server.launcher import RetrieverProcess, bm25_env, free_port
 from search_rl.agent.generation_manager import LLMGenerationManager
 from search_rl.agent.retriever_client import RetrieverClient, RetrieverError
 from search_rl.config import RetrieverClientConfig, RolloutConfig
@@ -29,11 +29,7 @@ READY_TIMEOUT_S = 180.0
 
 @pytest.fixture(scope="module")
 def server_env(tmp_path_factory) -> dict[str, str]:
-    return {
-        "RETRIEVER_METHOD": "bm25",
-        "RETRIEVER_INDEX_DIR": str(tmp_path_factory.mktemp("bm25-failures")),
-        "RETRIEVER_SHOW_PROGRESS": "false",
-    }
+    return bm25_env(tmp_path_factory.mktemp("bm25-failures"))
 
 
 @pytest.fixture

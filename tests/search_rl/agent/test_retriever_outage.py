@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from retriever_server.launcher import RetrieverProcess, free_port
+from retriever_server.launcher import RetrieverProcess, bm25_env, free_port
 from search_rl.agent.retriever_client import RetrieverClient, RetrieverError
 from search_rl.config import RetrieverClientConfig, load_config
 from search_rl.main_ppo import prepare
@@ -26,11 +26,7 @@ RESTART_PAUSE_S = 5.0
 
 @pytest.fixture(scope="module")
 def server_env(tmp_path_factory) -> dict[str, str]:
-    return {
-        "RETRIEVER_METHOD": "bm25",
-        "RETRIEVER_INDEX_DIR": str(tmp_path_factory.mktemp("bm25-outage")),
-        "RETRIEVER_SHOW_PROGRESS": "false",
-    }
+    return bm25_env(tmp_path_factory.mktemp("bm25-outage"))
 
 
 @pytest.mark.integration
