@@ -56,6 +56,8 @@ class HFEngine:
         self.logits_processor = logits_processor
         self._version = 0
         self.prefix = PrefixStore()
+        self.shared_prompt_tokens = 0
+        """Prompt tokens not encoded because an identical prompt in the same batch was (a counter for tests/logs)."""
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         ids = set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id}
         self._eos = tuple(sorted(i for i in ids if i is not None))
@@ -162,6 +164,20 @@ class HFEngine:
         return [r for r in results if r is not None]
 
     def _prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache]:
+        """Encode each distinct prompt once (a GRPO group's ``n`` samples share theirs) and give every row its copy;
+        return (logits (R, V), attention, last positions, cache)."""
+        rows_of: dict[tuple[int, ...], int] = {}
+        index = [rows_of.setdefault(tuple(p), len(rows_of)) for p in prompts]
+        if len(rows_of) == len(prompts):
+            return self._encode(prompts)
+        distinct = [list(p) for p in rows_of]
+        self.shared_prompt_tokens += sum(len(p) for p in prompts) - sum(len(p) for p in distinct)
+        logits, attention, last_pos, cache = self._encode(distinct)
+        sel = torch.tensor(index, device=logits.device)
+        cache.batch_select_indices(sel)
+        return logits[sel], attention[sel], last_pos[sel], cache
+
+    def _encode(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache]:
         """Encode the prompts, reusing stored prefixes; return (logits (R, V), attention, last positions, cache).
 
         Row layout, columns = cache positions: ``[pad][reused prefix (c_i)][pad][new suffix (s_i)]``, padding

@@ -176,3 +176,21 @@ def test_prefix_cache_is_dropped_when_weights_change(tokenizer):
     engine.update_weights(build_tiny_model(tokenizer, seed=5).named_parameters(), version=1)
     engine.generate([prompts[0] + list(g.token_ids) + [28]], SamplingParams(max_new_tokens=2, greedy=True))
     assert engine.prefix.stats.hits == 0
+
+
+def test_repeated_prompts_are_encoded_once_and_sampled_independently(tiny_model, tokenizer):
+    """A GRPO group's n copies of a prompt share one prefill; every copy still samples its own continuation, whose
+    log-probs are those of a plain forward pass over its own sequence."""
+    a, b = _ids(tokenizer, PROMPTS[:2])
+    prompts = [a, a, a, b, b]
+    engine = HFEngine(tiny_model, tokenizer)
+    out = engine.generate(prompts, SamplingParams(max_new_tokens=8, temperature=1.0, seed=11))
+    assert engine.shared_prompt_tokens == 2 * len(a) + len(b)
+    assert len({g.token_ids for g in out[:3]}) > 1  # copies diverge: each row samples on its own
+    for prompt, g in zip(prompts, out, strict=True):
+        logits = _full_forward_logits(tiny_model, prompt + list(g.token_ids))[len(prompt) - 1 : -1]
+        ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(g.token_ids)[:, None])[:, 0]
+        assert torch.allclose(torch.tensor(g.logprobs), ref, atol=1e-4)
+    distinct = HFEngine(tiny_model, tokenizer).generate([a, b], SamplingParams(max_new_tokens=8, greedy=True))
+    shared = engine.generate(prompts, SamplingParams(max_new_tokens=8, greedy=True))
+    assert [g.token_ids for g in shared] == [distinct[0].token_ids] * 3 + [distinct[1].token_ids] * 2
