@@ -180,8 +180,10 @@ def main() -> None:
         f"CPU-time ratio {(model_tokens / rollout_cpu) / (per_sample * len(prompts) / plain_cpu):.3f}"
     )
     state = "off" if args.no_prefix_cache else "on"
-    print(f"prefix cache: {state}, {stats.hits} hits, {stats.reused_tokens} tokens reused, "
-          f"{engine.shared_prompt_tokens} tokens of repeated prompts encoded once")
+    print(
+        f"prefix cache: {state}, {stats.hits} hits, {stats.reused_tokens} tokens reused, "
+        f"{engine.shared_prompt_tokens} tokens of repeated prompts encoded once"
+    )
     if args.dump is not None:
         dump(args.dump, tokenizer, rows, result, args.dump_k)
     print(f"rollout_bench ratio={rollout_tps / plain_tps:.3f} tokens_after_stop={after}")
