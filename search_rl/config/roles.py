@@ -28,6 +28,10 @@ class ActorConfig:
     """Clip the global gradient norm to this value (0 = no clipping)."""
     shuffle: bool = True
     """Shuffle samples before splitting into mini-batches (seeded by step and epoch, so resumes reproduce it)."""
+    share_prompts: bool = True
+    """Encode each distinct prompt of a mini-batch once (a group's ``rollout.n`` samples share it) and shuffle whole
+    groups, so mini-batches hold complete groups; also in the old and reference log-prob passes. Off (or with
+    gradient checkpointing) every sample's pass encodes its own prompt and samples are shuffled one by one."""
     old_logprobs: str = "auto"
     """Where the PPO ratio's old log-probs come from: ``recompute`` (a forward pass before the update),
     ``rollout`` (the engine's sampling log-probs) or ``auto``: no pass when the update is exactly on-policy (one

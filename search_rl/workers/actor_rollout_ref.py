@@ -18,10 +18,12 @@ under their canonical name (found by identity, ``models.weights``).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import resource
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,7 @@ from search_rl.rollout.hf import HFEngine
 from search_rl.workers import distributed as D
 from search_rl.workers.forward import model_token_count, response_logprobs
 from search_rl.workers.optimization import TrainableModel
+from search_rl.workers.shared_prompts import SharedPrompts
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +139,10 @@ class ActorRolloutRefWorker:
         else:
             self.policy = base
             self.reference = frozen if ref is not None else None
+        # Checkpointed blocks re-run their forward in the backward, which would extend a shared-prompt cache twice.
+        self._share_prompts = actor.share_prompts and not model.gradient_checkpointing
+        if actor.share_prompts and model.gradient_checkpointing:
+            logger.info("actor.share_prompts is off: it does not combine with model.gradient_checkpointing")
         if model.gradient_checkpointing:
             base.gradient_checkpointing_enable()
             if model.lora_rank:  # the frozen embeddings' output must carry grad for checkpointed blocks
@@ -263,9 +270,15 @@ class ActorRolloutRefWorker:
         model.eval()
         logprobs, entropies = [], []
         with torch.no_grad():
+            shared = SharedPrompts(model, batch, grad=False) if self._share_prompts and len(batch) else None
             for part, real in D.matched_passes(batch.split_by_size(micro), self.spec):
                 lp, ent = response_logprobs(
-                    model, part, self.rollout_cfg.temperature, with_entropy=with_entropy, only=self._needed(part)
+                    model,
+                    part,
+                    self.rollout_cfg.temperature,
+                    with_entropy=with_entropy,
+                    only=self._needed(part),
+                    shared=shared,
                 )
                 if real:
                     logprobs.append(lp.cpu())
@@ -290,6 +303,19 @@ class ActorRolloutRefWorker:
         mini = cfg.ppo_mini_batch_size * n // self.spec.world_size
         need_entropy_grad = self.algo.entropy_coeff > 0
 
+        shared: list[SharedPrompts] = []  # the current mini-batch's, while its micro-batches run
+        saved = [0]  # prompt tokens not encoded again, over the mini-batches
+
+        @contextlib.contextmanager
+        def encode_prompts_once(mini: TrainBatch) -> Iterator[None]:
+            shared.append(SharedPrompts(self.module, mini, grad=True))
+            saved[0] += shared[0].saved_tokens
+            try:
+                yield
+                shared[0].backward()  # only after every micro-batch's backward went through
+            finally:
+                shared.clear()
+
         def loss_fn(micro: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
             logprobs, entropy = response_logprobs(
                 self.module,
@@ -298,6 +324,7 @@ class ActorRolloutRefWorker:
                 with_entropy=True,
                 entropy_grad=need_entropy_grad,
                 only=self._needed(micro),
+                shared=shared[0] if shared else None,
             )
             return actor_loss(micro, logprobs, entropy, self.algo, on_policy)
 
@@ -315,8 +342,10 @@ class ActorRolloutRefWorker:
             epochs=cfg.ppo_epochs,
             shuffle_seed=seed,
             loss_agg_mode=self.algo.loss_agg_mode,
+            keep_groups=self._share_prompts,
+            mini_batch_scope=encode_prompts_once if self._share_prompts else None,
         )
-        metrics["perf/actor_update_tokens"] = float(model_token_count(batch) * cfg.ppo_epochs)
+        metrics["perf/actor_update_tokens"] = float(model_token_count(batch) * cfg.ppo_epochs - saved[0])
         if self.spec.device == "cuda":  # this process's peak so far: policy, reference, engine, activations
             metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
         D.release_memory()

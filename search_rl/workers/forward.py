@@ -14,6 +14,7 @@ from torch import nn
 
 from search_rl.algorithms import entropy_from_logits
 from search_rl.protocol import TrainBatch
+from search_rl.workers.shared_prompts import SharedPrompts
 
 
 def used_columns(batch: TrainBatch) -> tuple[int, int]:
@@ -35,6 +36,23 @@ def _trimmed_inputs(batch: TrainBatch) -> tuple[dict[str, torch.Tensor], int]:
     return inputs, t
 
 
+def _inputs_after_shared_prompt(
+    batch: TrainBatch, shared: SharedPrompts, device: torch.device
+) -> tuple[dict[str, object], int]:
+    """The last prompt token and the response, reading each row's prompt prefix from ``shared`` as a KV cache."""
+    _, t = used_columns(batch)
+    start, end = batch.prompt_length - 1, batch.prompt_length + t
+    cache, prefix_mask = shared.cache_for(batch)
+    inputs: dict[str, object] = {
+        "input_ids": batch.input_ids[:, start:end].to(device),
+        "attention_mask": torch.cat([prefix_mask, batch.attention_mask[:, start:end].to(device)], dim=1),
+        "position_ids": batch.position_ids[:, start:end].to(device),
+        "past_key_values": cache,
+        "use_cache": True,
+    }
+    return inputs, t
+
+
 def _pad_to(x: torch.Tensor, width: int) -> torch.Tensor:
     return F.pad(x, (0, width - x.shape[-1]))
 
@@ -47,6 +65,7 @@ def response_logprobs(
     with_entropy: bool = False,
     entropy_grad: bool = False,
     only: torch.Tensor | None = None,
+    shared: SharedPrompts | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of the response tokens under ``model`` at ``temperature`` (the sampling distribution), and
     optionally the per-token entropies; (B, T) each, 0 past each response. Gradients flow when enabled; the
@@ -55,21 +74,29 @@ def response_logprobs(
     ``only``: (B, T) mask of the response tokens whose values are needed (the loss mask); the others are 0 and their
     logits are never computed. The vocabulary projection and softmax of the inserted ``<information>`` tokens, most
     of a search response, are skipped; the transformer still reads them.
+
+    ``shared``: the prompts' KV states, computed once for the batch ``batch`` belongs to (``SharedPrompts``); the
+    pass then feeds only the last prompt token and the response.
     """
-    inputs, t = _trimmed_inputs(batch)
     device = next(model.parameters()).device
-    inputs = {k: v.to(device) for k, v in inputs.items()}
+    inputs: dict[str, object]
+    if shared is None:
+        trimmed, t = _trimmed_inputs(batch)
+        inputs = {k: v.to(device) for k, v in trimmed.items()}
+        inputs["use_cache"] = False
+    else:
+        inputs, t = _inputs_after_shared_prompt(batch, shared, device)
     targets = batch.response_ids[:, :t].to(device)  # (B, t)
     if only is None:
-        out = model(**inputs, use_cache=False, logits_to_keep=t + 1)
+        out = model(**inputs, logits_to_keep=t + 1)
         logits = out.logits[:, :-1].float()  # (B, t, V)
         wanted = None
     else:
         wanted = only[:, :t].to(device).bool()  # (B, t)
-        length = inputs["input_ids"].shape[1]
+        length = inputs["input_ids"].shape[1]  # type: ignore[attr-defined]
         keep = torch.zeros((len(wanted), length), dtype=torch.bool, device=device)  # (B, L)
         keep[:, length - t - 1 : length - 1] = wanted  # the position before a token predicts it
-        logits = model(**inputs, use_cache=False, logits_to_keep=keep).logits.float()  # (N, V)
+        logits = model(**inputs, logits_to_keep=keep).logits.float()  # (N, V)
         targets = targets[wanted]  # (N,)
     if temperature != 1.0:
         logits = logits / temperature

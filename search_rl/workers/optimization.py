@@ -10,9 +10,11 @@ parallelism give the same update as one pass over the whole mini-batch: the ``to
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import defaultdict
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import torch
@@ -25,6 +27,10 @@ from search_rl.workers.distributed import WorkerSpec, all_reduce_sum
 LossFn = Callable[[TrainBatch], tuple[torch.Tensor, dict[str, float]]]
 """``micro_batch -> (loss aggregated over the micro-batch, metrics)``."""
 
+MiniBatchScope = Callable[[TrainBatch], AbstractContextManager[object]]
+"""``mini_batch -> context`` entered around a mini-batch's micro-batch passes, before the gradient is clipped (the
+actor encodes the mini-batch's shared prompts on entry and back-propagates through them on exit)."""
+
 
 def aggregation_weight(loss_mask: torch.Tensor, loss_agg_mode: str) -> float:
     """What a micro-batch counts for in the mini-batch mean: its selected tokens for ``token-mean``, its sequences
@@ -32,6 +38,19 @@ def aggregation_weight(loss_mask: torch.Tensor, loss_agg_mode: str) -> float:
     if loss_agg_mode == "token-mean":
         return float(loss_mask.sum())
     return float((loss_mask.sum(-1) > 0).sum())
+
+
+def shuffled_order(uids: tuple[str, ...], gen: torch.Generator, keep_groups: bool) -> torch.Tensor:
+    """A random order of the rows; with ``keep_groups``, of the groups (rows sharing a ``uid``), each kept whole and
+    in its own order."""
+    if not keep_groups:
+        return torch.randperm(len(uids), generator=gen)
+    groups: dict[str, list[int]] = {}
+    for i, uid in enumerate(uids):
+        groups.setdefault(uid, []).append(i)
+    rows = list(groups.values())
+    picked = torch.randperm(len(rows), generator=gen).tolist()
+    return torch.tensor([i for g in picked for i in rows[g]], dtype=torch.long)
 
 
 class MetricMean:
@@ -80,8 +99,13 @@ class TrainableModel:
         epochs: int,
         shuffle_seed: int | None,
         loss_agg_mode: str,
+        keep_groups: bool = False,
+        mini_batch_scope: MiniBatchScope | None = None,
     ) -> dict[str, float]:
         """Run the update passes over this worker's shard and return mean metrics.
+
+        ``keep_groups``: shuffle whole groups (rows of one ``uid`` stay together), so a mini-batch holds complete
+        groups. ``mini_batch_scope``: a context around each mini-batch's passes (``MiniBatchScope``).
 
         ``mini_batch_size`` is per worker; every rank must hold a shard of the same size so that all take the same
         number of optimizer steps (the collectives pair up).
@@ -94,13 +118,18 @@ class TrainableModel:
             order = torch.arange(len(batch))
             if shuffle_seed is not None:
                 gen = torch.Generator().manual_seed(shuffle_seed * 1000 + epoch)
-                order = torch.randperm(len(batch), generator=gen)
+                order = shuffled_order(batch.uids, gen, keep_groups)
             for mini in batch.select(order).split_by_size(mini_batch_size):
-                metrics.add(self._mini_batch_step(mini, loss_fn, micro_batch_size, loss_agg_mode))
+                metrics.add(self._mini_batch_step(mini, loss_fn, micro_batch_size, loss_agg_mode, mini_batch_scope))
         return metrics.means()
 
     def _mini_batch_step(
-        self, mini: TrainBatch, loss_fn: LossFn, micro_batch_size: int, loss_agg_mode: str
+        self,
+        mini: TrainBatch,
+        loss_fn: LossFn,
+        micro_batch_size: int,
+        loss_agg_mode: str,
+        scope: MiniBatchScope | None = None,
     ) -> dict[str, float]:
         assert mini.loss_mask is not None
         # Micro-batches of similar lengths pad less (each is cut to its longest row); the weighted sum is order-free.
@@ -110,12 +139,13 @@ class TrainableModel:
         total = all_reduce_sum(sum(weights), self.spec)
         self.optimizer.zero_grad(set_to_none=True)
         metrics = MetricMean()
-        for micro, weight in zip(micros, weights, strict=True):
-            loss, micro_metrics = loss_fn(micro)
-            share = weight / total if total > 0 else 0.0
-            # Ranks average their gradients, so each rank's share is scaled back up by the world size.
-            (loss * share * self.spec.world_size).backward()
-            metrics.add(micro_metrics, weight=max(weight, 1e-12))
+        with scope(mini) if scope is not None else contextlib.nullcontext():
+            for micro, weight in zip(micros, weights, strict=True):
+                loss, micro_metrics = loss_fn(micro)
+                share = weight / total if total > 0 else 0.0
+                # Ranks average their gradients, so each rank's share is scaled back up by the world size.
+                (loss * share * self.spec.world_size).backward()
+                metrics.add(micro_metrics, weight=max(weight, 1e-12))
         grad_norm = self._reduce_and_clip()
         out = metrics.means()
         if math.isfinite(grad_norm):

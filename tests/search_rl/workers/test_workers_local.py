@@ -52,6 +52,41 @@ def test_micro_batches_accumulate_to_the_same_gradient(rollout_batch):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("lora_rank", [0, 4], ids=["full", "lora"])
+def test_shared_prompts_give_the_gradient_of_full_passes(rollout_batch, lora_rank):
+    """Each distinct prompt encoded once per mini-batch (FSDP2-sharded policy, adapters or not): the same gradients
+    and log-probs as passes that encode every sample's prompt, with fewer tokens counted."""
+    batch = rollout_batch.select(torch.tensor([0, 2, 1, 3, 4, 6, 5, 7]))  # micro-batches of 2 split each group
+    workers = []
+    for share in (False, True):
+        torch.manual_seed(0)  # the same random adapter initialisation
+        workers.append(_actor(micro=2, mini=2, lora_rank=lora_rank, share_prompts=share))
+        workers[-1].init_distributed("127.0.0.1", 0)
+    plain, shared = workers
+    torch.testing.assert_close(
+        shared.compute_log_prob(batch)[0], plain.compute_log_prob(batch)[0], rtol=1e-4, atol=1e-5
+    )
+    torch.testing.assert_close(
+        shared.compute_ref_log_prob(batch), plain.compute_ref_log_prob(batch), rtol=1e-4, atol=1e-5
+    )
+    tokens = {}
+    grads = {}
+    for name, worker in (("plain", plain), ("shared", shared)):
+        trainable = worker.trainable
+        captured: list[torch.Tensor] = []
+        trainable.optimizer.register_step_pre_hook(
+            lambda *_, t=trainable, c=captured: c.extend(whole(p.grad) for p in t.params)
+        )
+        tokens[name] = worker.update_actor(batch, step=1)["perf/actor_update_tokens"]
+        grads[name] = captured
+    assert len(grads["plain"]) == len(grads["shared"]) > 0
+    for a, b in zip(grads["shared"], grads["plain"], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-6)
+    prompt_tokens = int(batch.attention_mask[:, : batch.prompt_length].sum())
+    # two samples per prompt, each mini-batch holds both: half the prompt tokens (but the last of each) are saved
+    assert tokens["plain"] - tokens["shared"] == (prompt_tokens - len(batch)) // 2
+
+
 def _rank_gradients(rank: int, port: int, batch: TrainBatch, out: dict) -> None:
     worker = _actor(micro=1, mini=4, rank=rank, world=2)
     worker.init_distributed("127.0.0.1", port)

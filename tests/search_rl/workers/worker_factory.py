@@ -39,13 +39,18 @@ def make_actor(
     dtype: str = "float32",
     device: str = "cpu",
     lora_rank: int = 0,
+    share_prompts: bool = True,
 ) -> ActorRolloutRefWorker:
     """The tiny-model actor (policy + HF engine + reference) of one rank; the group is not joined yet."""
     return ActorRolloutRefWorker(
         WorkerSpec(rank=rank, world_size=world, device=device, torch_threads=1, seed=0),
         ModelConfig(path="tiny", dtype=dtype, lora_rank=lora_rank),
         ActorConfig(
-            optim=OptimConfig(lr=lr), ppo_mini_batch_size=mini, ppo_micro_batch_size_per_gpu=micro, shuffle=False
+            optim=OptimConfig(lr=lr),
+            ppo_mini_batch_size=mini,
+            ppo_micro_batch_size_per_gpu=micro,
+            shuffle=False,
+            share_prompts=share_prompts,
         ),
         ROLLOUT,
         RefConfig(),
