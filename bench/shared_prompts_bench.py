@@ -1,0 +1,137 @@
+"""The actor update's passes with and without ``SharedPrompts`` (each distinct prompt encoded once), on one process.
+
+A GRPO batch of the learning benchmark's shape: ``--prompts`` real training prompts (chat template applied) times
+``--samples`` samples, each response ``--response-tokens`` long (uniformly jittered by a quarter) of which the first
+``--model-tokens`` and the last 16 carry loss (the model's turns) and the rest is an observation (mask 0). Token ids
+of the responses are random: they do not change the cost. Mini-batches of ``--mini`` samples (whole groups), micro-
+batches of 1, as the trainer runs them; no FSDP, no Ray, no rollout, so only the lever differs between the rows.
+
+Per row: the update (forward, log-softmax gather of the loss tokens, backward; one AdamW step per mini-batch) and the
+no-grad log-prob pass (what old or reference log-probs cost), each the median of ``--repeats`` runs, the two rows
+alternating so that drift in the machine's speed hits both.
+
+    python bench/shared_prompts_bench.py --model runs/l14/sft/global_step_12/actor --lora-rank 16
+
+Last line: ``shared_prompts_bench update_s=<plain>-><shared> logprob_s=<plain>-><shared>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from search_rl.data import PromptDataset, read_rows
+from search_rl.models import load_model, load_tokenizer
+from search_rl.models.lora import apply_lora
+from search_rl.protocol import TrainBatch
+from search_rl.workers.forward import response_logprobs
+from search_rl.workers.shared_prompts import SharedPrompts
+
+
+def build_batch(tokenizer, prompts: int, samples: int, response: int, model_tokens: int, seed: int) -> TrainBatch:
+    """Real prompts, random responses with a loss mask on the model's turns; left/right padded like the trainer."""
+    rows = read_rows(["data/datasets/nq_hotpotqa_mini/train.parquet"])[:prompts]
+    data = PromptDataset(rows, tokenizer, 1024, False).batch(range(prompts)).repeat_interleave(samples)
+    gen = torch.Generator().manual_seed(seed)
+    lengths = [response + int(torch.randint(-response // 4, response // 4 + 1, (1,), generator=gen)) for _ in data.uids]
+    p, t, b = max(len(x) for x in data.prompt_ids), max(lengths), len(data.uids)
+    input_ids = torch.full((b, p + t), tokenizer.pad_token_id, dtype=torch.long)
+    attention = torch.zeros((b, p + t), dtype=torch.long)
+    response_mask = torch.zeros((b, t), dtype=torch.long)
+    for i, (prompt, n) in enumerate(zip(data.prompt_ids, lengths, strict=True)):
+        input_ids[i, p - len(prompt) : p] = torch.tensor(prompt)
+        input_ids[i, p : p + n] = torch.randint(100, tokenizer.vocab_size - 1, (n,), generator=gen)
+        attention[i, p - len(prompt) : p + n] = 1
+        response_mask[i, :model_tokens] = 1
+        response_mask[i, n - 16 : n] = 1
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    response_mask = response_mask * attention[:, p:]
+    return TrainBatch(
+        input_ids=input_ids,
+        attention_mask=attention,
+        position_ids=positions,
+        response_ids=input_ids[:, p:],
+        response_mask=response_mask,
+        rollout_logprobs=torch.zeros((b, t)),
+        uids=data.uids,
+        data_sources=data.data_sources,
+        loss_mask=response_mask,
+    )
+
+
+def update(model, optimizer, batch: TrainBatch, mini: int, share: bool) -> float:
+    start = time.perf_counter()
+    model.train()
+    for part in batch.split_by_size(mini):
+        optimizer.zero_grad(set_to_none=True)
+        shared = SharedPrompts(model, part, grad=True) if share else None
+        for micro in part.split_by_size(1):
+            lp, _ = response_logprobs(model, micro, 1.0, only=micro.loss_mask, shared=shared)
+            mask = micro.loss_mask.float()
+            (-(lp * mask).sum() / max(float(mask.sum()), 1.0)).backward()
+        if shared is not None:
+            shared.backward()
+        optimizer.step()
+    return time.perf_counter() - start
+
+
+def logprobs(model, batch: TrainBatch, share: bool) -> float:
+    start = time.perf_counter()
+    model.eval()
+    with torch.no_grad():
+        shared = SharedPrompts(model, batch, grad=False) if share else None
+        for micro in batch.split_by_size(2):
+            response_logprobs(model, micro, 1.0, only=micro.loss_mask, shared=shared)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="runs/l14/sft/global_step_12/actor")
+    ap.add_argument("--lora-rank", type=int, default=16, help="0 = full fine-tuning")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--samples", type=int, default=4)
+    ap.add_argument("--mini", type=int, default=8, help="samples per optimizer step (whole groups)")
+    ap.add_argument("--response-tokens", type=int, default=345)
+    ap.add_argument("--model-tokens", type=int, default=60)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    tokenizer = load_tokenizer(args.model)
+    model = load_model(args.model)
+    if args.lora_rank:
+        model = apply_lora(model, args.lora_rank, 2 * args.lora_rank, "all-linear")
+    optimizer = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=1e-12)
+    batch = build_batch(tokenizer, args.prompts, args.samples, args.response_tokens, args.model_tokens, seed=0)
+    prompt_tokens = int(batch.attention_mask[:, : batch.prompt_length].sum())
+    total = int(batch.attention_mask.sum())
+    print(f"batch: {len(batch)} samples, {total} tokens, of them {prompt_tokens} prompt tokens")
+    times: dict[tuple[str, bool], list[float]] = {(k, s): [] for k in ("update", "logprob") for s in (False, True)}
+    update(model, optimizer, batch, args.mini, False)  # warm-up: allocator, thread pools
+    for r in range(args.repeats):
+        for share in (False, True) if r % 2 == 0 else (True, False):
+            times["update", share].append(update(model, optimizer, batch, args.mini, share))
+            times["logprob", share].append(logprobs(model, batch, share))
+            print(
+                f"repeat {r + 1} shared={share}: update {times['update', share][-1]:.1f} s, "
+                f"log-probs {times['logprob', share][-1]:.1f} s",
+                flush=True,
+            )
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(
+        f"update: {med['update', False]:.1f} s -> {med['update', True]:.1f} s shared "
+        f"({1 - med['update', True] / med['update', False]:.0%} less); log-prob pass: {med['logprob', False]:.1f} s "
+        f"-> {med['logprob', True]:.1f} s ({1 - med['logprob', True] / med['logprob', False]:.0%} less)"
+    )
+    print(
+        f"shared_prompts_bench update_s={med['update', False]:.1f}->{med['update', True]:.1f} "
+        f"logprob_s={med['logprob', False]:.1f}->{med['logprob', True]:.1f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
