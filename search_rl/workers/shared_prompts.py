@@ -39,19 +39,24 @@ class SharedPrompts:
     def __init__(self, model: nn.Module, batch: TrainBatch, *, grad: bool) -> None:
         keys = prompt_keys(batch)
         self._index: dict[tuple[int, ...], int] = {}
-        for k in keys:
-            self._index.setdefault(k, len(self._index))
+        first_row: list[int] = []  # a row of each distinct prompt, whose positions it uses
+        for row, k in enumerate(keys):
+            if k not in self._index:
+                self._index[k] = len(self._index)
+                first_row.append(row)
         distinct = list(self._index)
-        if any(len(k) < 2 for k in distinct):
-            raise ValueError("SharedPrompts needs prompts of at least 2 tokens")
+        short = [row for row, k in zip(first_row, distinct, strict=True) if len(k) < 2]
+        if short:
+            raise ValueError(f"SharedPrompts needs prompts of at least 2 tokens; rows {short} have fewer")
         device = next(model.parameters()).device
-        width = max(len(k) - 1 for k in distinct)
+        p, width = batch.prompt_length, max(len(k) - 1 for k in distinct)
         ids = torch.zeros((len(distinct), width), dtype=torch.long)  # (U, m) left-padded, last token left out
         mask = torch.zeros((len(distinct), width), dtype=torch.long)
-        for u, k in enumerate(distinct):
+        positions = torch.zeros((len(distinct), width), dtype=torch.long)
+        for u, (k, row) in enumerate(zip(distinct, first_row, strict=True)):
             ids[u, width - len(k) + 1 :] = torch.tensor(k[:-1])
             mask[u, width - len(k) + 1 :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            positions[u, width - len(k) + 1 :] = batch.position_ids[row, p - len(k) : p - 1]
         self.mask = mask.to(device)  # (U, m)
         self.tokens = int(mask.sum())
         """Prompt tokens encoded (the distinct prompts' prefixes)."""
