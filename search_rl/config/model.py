@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from search_rl.config.errors import ConfigError
@@ -59,7 +60,7 @@ def check_trainable_dtype(model: ModelConfig) -> None:
 
 @dataclass
 class OptimConfig:
-    """AdamW with a linear warm-up to a constant learning rate."""
+    """AdamW with a linear warm-up to ``lr``, then constant or, with ``lr_decay_steps``, a cosine decay."""
 
     lr: float = 1e-6
     """Peak learning rate."""
@@ -67,7 +68,25 @@ class OptimConfig:
     """AdamW weight decay."""
     lr_warmup_steps: int = 0
     """Optimizer steps of linear warm-up from 0 to ``lr``."""
+    lr_decay_steps: int = 0
+    """Optimizer steps of cosine decay after the warm-up, from ``lr`` to ``min_lr_ratio * lr`` (held there after);
+    0 = constant ``lr``. A PPO run takes ``train_batch_size / ppo_mini_batch_size * ppo_epochs`` per training step."""
+    min_lr_ratio: float = 0.0
+    """Where the cosine decay ends, as a fraction of ``lr``."""
 
     def __post_init__(self) -> None:
-        if self.lr <= 0 or self.weight_decay < 0 or self.lr_warmup_steps < 0:
-            raise ConfigError(f"optim: lr must be > 0, weight_decay and lr_warmup_steps >= 0; got {self}")
+        if self.lr <= 0 or self.weight_decay < 0 or self.lr_warmup_steps < 0 or self.lr_decay_steps < 0:
+            raise ConfigError(
+                f"optim: lr must be > 0, weight_decay, lr_warmup_steps and lr_decay_steps >= 0; got {self}"
+            )
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+
+    def lr_factor(self, step: int) -> float:
+        """The learning rate of optimizer step ``step`` (0-based) as a fraction of ``lr``."""
+        if step < self.lr_warmup_steps:
+            return (step + 1) / self.lr_warmup_steps
+        if self.lr_decay_steps == 0:
+            return 1.0
+        progress = min(1.0, (step - self.lr_warmup_steps) / self.lr_decay_steps)
+        return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))

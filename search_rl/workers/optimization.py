@@ -1,4 +1,4 @@
-"""``TrainableModel``: a model with its AdamW, warm-up schedule and the PPO mini/micro-batch update loop.
+"""``TrainableModel``: a model with its AdamW, learning-rate schedule and the PPO mini/micro-batch update loop.
 
 Shared by the actor and the critic. One ``ppo_update`` call runs ``epochs`` passes over the worker's shard; each pass
 splits it into mini-batches (one optimizer step each, the same count on every rank) and each mini-batch into
@@ -84,10 +84,7 @@ class TrainableModel:
         self.model, self.grad_clip, self.spec, self.prefix = model, grad_clip, spec, prefix
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=optim.lr, weight_decay=optim.weight_decay)
-        warmup = optim.lr_warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
-        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: optim.lr_factor(step))
 
     def ppo_update(
         self,
