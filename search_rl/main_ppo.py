@@ -73,7 +73,7 @@ def prepare(cfg: PPOConfig, config_dict: dict[str, Any] | None = None) -> Prepar
         val = PromptDataset(
             read_rows(cfg.data.val_files), tokenizer, rollout.max_prompt_tokens, cfg.data.filter_overlong_prompts
         )
-        val_batch = val.batch(val.subset_indices(cfg.data.val_max_samples, cfg.trainer.seed))
+        val_batch = val.batch(val.subset_indices(cfg.data.val_max_samples, cfg.data.val_seed))
     return Prepared(tokenizer, loader, val_batch, build_run_tracker(cfg.trainer, config_dict))
 
 

@@ -91,7 +91,7 @@ def prepare(cfg: SFTConfig, config_dict: dict[str, Any] | None = None) -> Prepar
     val_batch = None
     if validating:
         val = PromptDataset(read_rows(cfg.data.val_files), tokenizer, rollout.max_prompt_tokens, True)
-        val_batch = val.batch(val.subset_indices(cfg.data.val_max_samples, cfg.trainer.seed))
+        val_batch = val.batch(val.subset_indices(cfg.data.val_max_samples, cfg.data.val_seed))
     return PreparedSFT(tokenizer, dataset, loader, val_batch, build_run_tracker(cfg.trainer, config_dict))
 
 

@@ -29,6 +29,9 @@ class DataConfig:
     """Prompts per training step (each rolled out ``rollout.n`` times)."""
     val_max_samples: int | None = 32
     """Validate on a fixed, seeded subset of this many rows (``null`` = every row)."""
+    val_seed: int = 0
+    """Seed of that subset: kept apart from ``trainer.seed`` so that runs of different seeds validate on the same
+    questions."""
     shuffle: bool = True
     """Shuffle the training rows each epoch (seeded by ``trainer.seed`` and the epoch)."""
     filter_overlong_prompts: bool = True

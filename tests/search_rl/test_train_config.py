@@ -267,3 +267,17 @@ def test_keys_the_schema_lacks_are_errors_even_with_plus(override):
 
 def test_new_dict_entries_are_still_allowed():
     assert load_config(["+reward.by_data_source.nq=qa_f1"]).reward.by_data_source == {"nq": "qa_f1"}
+
+
+def _val_uids(*overrides: str) -> list[str]:
+    cfg = load_config(["model=tiny", "do_search=false", "data.val_max_samples=20", "trainer.logger=[]", *overrides])
+    prepared = prepare(cfg)
+    assert prepared.val_batch is not None
+    return list(prepared.val_batch.uids)
+
+
+def test_the_validation_subset_does_not_move_with_the_training_seed():
+    """Runs of different seeds are chosen between on validation, so they must see the same questions."""
+    base = _val_uids()
+    assert _val_uids("trainer.seed=1") == base and len(base) == 20
+    assert _val_uids("data.val_seed=1") != base
