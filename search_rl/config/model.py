@@ -75,10 +75,11 @@ class OptimConfig:
     """Where the cosine decay ends, as a fraction of ``lr``."""
 
     def __post_init__(self) -> None:
-        if self.lr <= 0 or self.weight_decay < 0 or self.lr_warmup_steps < 0 or self.lr_decay_steps < 0:
-            raise ConfigError(
-                f"optim: lr must be > 0, weight_decay, lr_warmup_steps and lr_decay_steps >= 0; got {self}"
-            )
+        if self.lr <= 0:
+            raise ConfigError(f"optim.lr must be > 0, got {self.lr}")
+        for name in ("weight_decay", "lr_warmup_steps", "lr_decay_steps"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"optim.{name} must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ConfigError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
 

@@ -34,7 +34,11 @@ def test_without_decay_steps_the_rate_stays_at_its_peak_after_the_warm_up():
 
 @pytest.mark.parametrize(
     ("fields", "named"),
-    [({"lr_decay_steps": -1}, "lr_decay_steps"), ({"min_lr_ratio": 1.5}, "min_lr_ratio")],
+    [
+        ({"lr_decay_steps": -1}, "optim.lr_decay_steps must be >= 0, got -1"),
+        ({"lr_warmup_steps": -2}, "optim.lr_warmup_steps must be >= 0, got -2"),
+        ({"min_lr_ratio": 1.5}, "optim.min_lr_ratio must be in"),
+    ],
 )
 def test_bad_schedule_fields_are_rejected_by_name(fields, named):
     with pytest.raises(ConfigError, match=named):
