@@ -25,6 +25,7 @@ from search_rl.agent.observations import ObservationBuilder
 from search_rl.agent.retriever_client import RetrieverClient
 from search_rl.config import RetrieverClientConfig
 from search_rl.data import read_rows
+from search_rl.datatypes import Passage
 from search_rl.models import load_tokenizer
 from search_rl.search_stats import contains_answer
 
@@ -32,7 +33,8 @@ DATA = "data/datasets/nq_hotpotqa_mini/{split}.parquet"
 UNCUT = 10**9
 
 
-async def retrieve(url: str, questions: list[str], topk: int):  # type: ignore[no-untyped-def]
+async def retrieve(url: str, questions: list[str], topk: int) -> list[list[Passage]]:
+    """Top-``topk`` passages for each question, from the retriever at ``url``."""
     client = RetrieverClient(RetrieverClientConfig(url=url, topk=topk))
     try:
         return await client.search(questions, topk=topk)
