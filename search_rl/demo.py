@@ -12,11 +12,13 @@ builds the dense index from the shipped embeddings in seconds and caches it unde
 then the recipe with small budgets, each stage with a progress bar:
 
 1. a short supervised warm start (``main_sft``) on the shipped search trajectories → ``runs/demo/sft``;
-2. GRPO from it (``main_ppo algorithm=grpo``, F1 partial credit, no KL term) → ``runs/demo/rl``;
+2. GRPO from it (``main_ppo algorithm=grpo``, LoRA adapters, F1 partial credit, no KL term) → ``runs/demo/rl``;
 3. greedy evaluation with search (``main_eval``) of the base model, the warm start and the RL policy on the same
    held-out test questions → ``runs/demo/eval/<stage>``;
 4. a table (EM, F1, answer rate, searches, gold retrieved) with paired comparisons (``tools.compare_evals``), the
    curves (``runs/demo/plots/recipe.png`` and each stage's panels), and where everything is.
+
+Every stage shows the policy up to 384 tokens of passages per search (``--max-obs-tokens``, the trainer's default).
 
 The retriever it started is stopped on success, failure and Ctrl-C. Re-running reuses what exists: the cached index,
 the converted model, finished stages and their evaluations (``--fresh`` starts over; a retrained warm start retrains
@@ -60,6 +62,9 @@ DATASET_DIR = Path("data/datasets/nq_hotpotqa_mini")
 CORPUS = Path("data/corpus/wiki_mini.jsonl.gz")
 
 
+TURN_TOKENS = 64
+"""Tokens the policy may write per turn."""
+
 STAGES = ("base", "sft", "rl")
 """The rows of the demo's table, in recipe order."""
 
@@ -78,6 +83,15 @@ class DemoSettings:
     model: str
     max_turns: int
     fresh: bool
+    max_obs_tokens: int = 384
+    """Tokens of retrieved passages shown per search (the trainer's default; 160 cut the answer out of a third of
+    the NQ passages, docs/learning.md)."""
+
+    @property
+    def max_response_tokens(self) -> int:
+        """The response budget: a 64-token turn per search, the answer turn and one turn of tags' slack, plus every
+        observation (1024 for the defaults, the budget of the learning runs)."""
+        return (self.max_turns + 2) * TURN_TOKENS + self.max_turns * self.max_obs_tokens
 
     def stage_dir(self, stage: str) -> Path:
         """Where a training stage (``sft``, ``rl``) writes its checkpoints, metrics and rollouts."""
@@ -89,9 +103,9 @@ def budget_overrides(s: DemoSettings, retriever_url: str) -> list[str]:
     return [
         f"retriever.url={retriever_url}",
         f"max_turns={s.max_turns}",
-        "actor_rollout_ref.rollout.max_turn_tokens=64",
-        "actor_rollout_ref.rollout.max_obs_tokens=160",
-        "actor_rollout_ref.rollout.max_response_tokens=400",
+        f"actor_rollout_ref.rollout.max_turn_tokens={TURN_TOKENS}",
+        f"actor_rollout_ref.rollout.max_obs_tokens={s.max_obs_tokens}",
+        f"actor_rollout_ref.rollout.max_response_tokens={s.max_response_tokens}",
     ]
 
 
@@ -125,9 +139,10 @@ def sft_overrides(s: DemoSettings, retriever_url: str, fresh: bool = False) -> l
 
 
 def train_overrides(s: DemoSettings, retriever_url: str, start: Path, fresh: bool = False) -> list[str]:
-    """``main_ppo`` overrides of the RL stage: GRPO from the warm start ``start`` (a checkpoint folder), mini-batches
-    of half the prompts (at least one: several optimizer steps per batch), F1 partial credit so groups of wrong
-    answers still differ, no KL term (no reference pass)."""
+    """``main_ppo`` overrides of the RL stage: GRPO from the warm start ``start`` (a checkpoint folder) with LoRA
+    adapters (rank 16 at lr 1e-4, the learning recipe's: a cheaper update), mini-batches of half the prompts (at least
+    one: several optimizer steps per batch), F1 partial credit so groups of wrong answers still differ, no KL term
+    (no reference pass)."""
     return [
         "algorithm=grpo",
         f"model.path={start}",
@@ -135,7 +150,9 @@ def train_overrides(s: DemoSettings, retriever_url: str, start: Path, fresh: boo
         f"data.train_batch_size={s.prompts}",
         f"actor_rollout_ref.rollout.n={s.group_size}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={max(1, s.prompts // 2)}",
-        "actor_rollout_ref.actor.optim.lr=2e-5",
+        "model.lora_rank=16",
+        "model.lora_alpha=32",
+        "actor_rollout_ref.actor.optim.lr=1e-4",
         "reward.partial_credit=f1",
         "reward.partial_credit_weight=0.5",
         "algorithm.use_kl_loss=false",
@@ -285,6 +302,45 @@ class StageRun:
     trained: bool
 
 
+BUDGETS_FILE = "budgets.json"
+"""The run folder's record of the settings its checkpoints and evaluations were made with."""
+
+
+def run_budgets(s: DemoSettings) -> dict[str, Any]:
+    """The settings that make two runs' checkpoints and scores incomparable."""
+    return {
+        "model": s.model,
+        "max_turns": s.max_turns,
+        "max_turn_tokens": TURN_TOKENS,
+        "max_obs_tokens": s.max_obs_tokens,
+        "max_response_tokens": s.max_response_tokens,
+    }
+
+
+def check_budgets(s: DemoSettings) -> None:
+    """Refuse to reuse a run folder made with other budgets (its stages would be mixed with this run's); record the
+    budgets of a fresh or new folder."""
+    path = s.run_dir / BUDGETS_FILE
+    current = run_budgets(s)
+    if not s.fresh:
+        if path.exists():
+            recorded = json.loads(path.read_text())
+            diff = {k: (recorded.get(k), v) for k, v in current.items() if recorded.get(k) != v}
+            if diff:
+                changes = ", ".join(f"{k}: {old} there, {new} now" for k, (old, new) in diff.items())
+                raise ValueError(
+                    f"{s.run_dir} holds a demo run made with other settings ({changes}); "
+                    "pass --fresh to train it again or --run-dir for a new folder"
+                )
+        elif any((s.run_dir / d).exists() for d in ("sft", "rl", "eval")):
+            raise ValueError(
+                f"{s.run_dir} holds a demo run without {BUDGETS_FILE} (made before the demo recorded its budgets; "
+                "it used 160-token observations); pass --fresh to train it again or --run-dir for a new folder"
+            )
+    s.run_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(current, indent=1) + "\n")
+
+
 def train_stage(s: DemoSettings, stage: str, overrides: list[str], steps: int, fresh: bool) -> StageRun:
     """Train one stage (``sft`` or ``rl``) through its entry point's ``prepare``/``train``, or reuse the stage's run
     when it already reached ``steps``; returns its last checkpoint."""
@@ -406,6 +462,7 @@ def run_demo(s: DemoSettings, port: int) -> int:
     """Retriever up → warm start → RL → evaluate every stage → table, plots, summary; the retriever is stopped
     whatever happens."""
     check_data()
+    check_budgets(s)
     settings = get_settings()
     logger.info(
         "starting the retriever (%s over %s); the first start builds and caches the index ...",
@@ -445,6 +502,14 @@ def run_demo(s: DemoSettings, port: int) -> int:
     return 0
 
 
+def _positive(text: str) -> int:
+    """An argparse type: an integer >= 1 (the response budget is computed from these)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--serve-only", action="store_true", help="only start the retriever, query it, keep serving")
@@ -457,7 +522,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=4, help="prompts per RL step")
     ap.add_argument("--group-size", type=int, default=4, help="samples per prompt (the GRPO group)")
     ap.add_argument("--eval-samples", type=int, default=50, help="test questions each stage is scored on")
-    ap.add_argument("--max-turns", type=int, default=2, help="search turns per episode")
+    ap.add_argument("--max-turns", type=_positive, default=2, help="search turns per episode")
+    ap.add_argument("--max-obs-tokens", type=_positive, default=384, help="tokens of passages shown per search")
     ap.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2", help="policy to train")
     ap.add_argument("--run-dir", type=Path, default=Path("runs/demo"), help="where the run goes")
     ap.add_argument("--fresh", action="store_true", help="train from scratch even if the run folder has checkpoints")
@@ -477,6 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         model=args.model,
         max_turns=args.max_turns,
         fresh=args.fresh,
+        max_obs_tokens=args.max_obs_tokens,
     )
     try:
         return run_demo(s, port)

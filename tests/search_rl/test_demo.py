@@ -7,6 +7,8 @@ Run: python -m pytest tests/search_rl/test_demo.py -q
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -40,14 +42,43 @@ def test_stages_share_the_search_loop_and_budgets(tmp_path):
     rl = load_config(demo.train_overrides(s, url, start))
     evals = [load_eval_config(demo.eval_overrides(s, url, st, c)) for st, c in (("base", None), ("rl", start))]
     for cfg, rollout in ((sft, sft.rollout), (rl, rl.actor_rollout_ref.rollout), *((e, e.rollout) for e in evals)):
-        assert (cfg.max_turns, rollout.max_turn_tokens, rollout.max_obs_tokens) == (2, 64, 160)
-        assert rollout.max_response_tokens == 400
+        assert (cfg.max_turns, rollout.max_turn_tokens, rollout.max_obs_tokens) == (2, 64, 384)
+        assert rollout.max_response_tokens == 1024
     assert rl.model.path == str(start) and rl.algorithm.adv_estimator == "grpo"
+    assert (rl.model.lora_rank, rl.actor_rollout_ref.actor.optim.lr) == (16, 1e-4) and sft.model.lora_rank == 0
     assert rl.actor_rollout_ref.rollout.n == 4 and rl.data.train_batch_size == 4
     assert sft.trainer.default_local_dir == str(tmp_path / "sft")
     assert rl.trainer.default_local_dir == str(tmp_path / "rl")
     assert evals[1].model.path == str(start / "actor") and evals[0].model.path == sft.model.path
     assert {e.data.max_samples for e in evals} == {50} and evals[0].output_dir == str(tmp_path / "eval" / "base")
+
+
+def test_a_run_folder_is_reused_only_with_its_own_budgets(tmp_path):
+    """A rerun with the same settings may reuse the folder; other budgets (or a folder from before budgets were
+    recorded) are refused with the difference named, and --fresh starts over and records the new ones."""
+    run = tmp_path / "demo"
+    s = demo.DemoSettings(10, 8, 3, 4, 4, 50, run, "smollm2", 2, False)
+    demo.check_budgets(s)
+    demo.check_budgets(s)  # same settings: reusable
+    assert json.loads((run / demo.BUDGETS_FILE).read_text())["max_obs_tokens"] == 384
+    narrow = dataclasses.replace(s, max_obs_tokens=160)
+    with pytest.raises(ValueError, match=r"max_obs_tokens: 384 there, 160 now.*--fresh"):
+        demo.check_budgets(narrow)
+    demo.check_budgets(dataclasses.replace(narrow, fresh=True))
+    assert json.loads((run / demo.BUDGETS_FILE).read_text())["max_obs_tokens"] == 160
+    old = tmp_path / "old"
+    (old / "sft").mkdir(parents=True)
+    with pytest.raises(ValueError, match="without budgets.json"):
+        demo.check_budgets(dataclasses.replace(s, run_dir=old))
+
+
+@pytest.mark.parametrize("flag", ["--max-turns", "--max-obs-tokens"])
+def test_budget_flags_must_be_positive(flag, capsys):
+    """The response budget is computed from these: a non-positive value is refused before anything starts."""
+    with pytest.raises(SystemExit) as exit_info:
+        demo.main([flag, "0"])
+    assert exit_info.value.code == 2
+    assert f"argument {flag}: must be >= 1, got 0" in capsys.readouterr().err
 
 
 def _down(port: int) -> bool:
@@ -70,8 +101,8 @@ def test_serve_only_exit(bm25, caplog):
 @pytest.mark.integration
 def test_failed_run_stops_the_retriever(bm25, tmp_path):
     port = free_port()
-    with pytest.raises(ValueError, match="max_turns"):  # a real config error, raised after the server is up
-        demo.main(["--model", "tiny", "--max-turns", "-1", "--port", str(port), "--run-dir", str(tmp_path)])
+    with pytest.raises(ValueError, match="train_batch_size"):  # a real config error, raised after the server is up
+        demo.main(["--model", "tiny", "--sft-batch", "0", "--port", str(port), "--run-dir", str(tmp_path)])
     assert (tmp_path / "retriever.log").exists()
     assert _down(port)
 
