@@ -15,6 +15,7 @@ seconds per step by phase, example trajectories), and the training curves as PNG
     python bench/learning_bench.py                                 # about an hour on 2 CPU cores
     python bench/learning_bench.py --retriever-url http://127.0.0.1:8000/retrieve --out runs/learning_bench
     python bench/learning_bench.py --profile long --rows sft,grpo --warm-start runs/ws/sft/global_step_30
+    python bench/learning_bench.py --profile recipe --rows naive_rag,sft,grpo   # the docs' 384-token recipe
 
 Without ``--retriever-url`` it starts the default dense retriever (``uvicorn retriever_server.app:app``) itself.
 Last line: ``learning_bench base=<em> rag=<em> sft=<em> grpo=<em> ppo=<em>`` (EM over the evaluated questions).
@@ -31,6 +32,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +56,10 @@ class Budget:
     """Validate the RL run every this many steps (and before it) on ``val_questions`` of the shipped validation split
     (a slice of train), keep those checkpoints and score the best one on test; 0 = score the last step."""
     val_questions: int = 100
+    sft_overrides: tuple[str, ...] = ()
+    """``main_sft`` overrides the profile itself sets (before ``--sft-override``)."""
+    rl_overrides: tuple[str, ...] = ()
+    """``main_ppo`` overrides the profile itself sets (after ``RL_DEFAULTS``, before ``--rl-override``)."""
 
 
 FULL = Budget(eval_questions=100, sft_steps=30, sft_batch=8, rl_steps=6, rl_prompts=4, group_size=4)
@@ -61,7 +67,34 @@ QUICK = Budget(eval_questions=8, sft_steps=4, sft_batch=4, rl_steps=1, rl_prompt
 LONG = Budget(eval_questions=300, sft_steps=30, sft_batch=8, rl_steps=40, rl_prompts=4, group_size=4, val_every=5)
 """``--profile long``: 300 test questions (enough for a paired test to see 10 EM points), 40 RL steps, the step
 chosen on 100 validation questions every 5 steps."""
-PROFILES = {"full": FULL, "quick": QUICK, "long": LONG}
+RECIPE = Budget(
+    eval_questions=300,
+    sft_steps=12,
+    sft_batch=8,
+    rl_steps=24,
+    rl_prompts=4,
+    group_size=4,
+    max_turn_tokens=64,
+    max_obs_tokens=384,
+    val_every=3,
+    sft_overrides=("actor_rollout_ref.actor.optim.lr=1e-4", "actor_rollout_ref.actor.optim.lr_warmup_steps=2"),
+    rl_overrides=("model.lora_rank=16", "model.lora_alpha=32", "actor_rollout_ref.actor.optim.lr=1e-4"),
+)
+"""``--profile recipe``: docs/learning.md's recipe at the trainer's 384-token observations: a 12-step warm start at
+lr 1e-4, then 24 GRPO steps with LoRA adapters (rank 16, lr 1e-4), the step chosen on 100 validation questions every
+3 steps, 300 test questions, 64-token turns."""
+PROFILES = {"full": FULL, "quick": QUICK, "long": LONG, "recipe": RECIPE}
+
+
+def merge_overrides(*groups: Sequence[str]) -> list[str]:
+    """Hydra overrides from ``groups`` in order, one per key: a later ``key=value`` replaces an earlier one in its
+    place, so the command written to ``commands.sh`` shows each setting once, with the value in force."""
+    merged: dict[str, str] = {}
+    for group in groups:
+        for override in group:
+            merged[override.partition("=")[0]] = override
+    return list(merged.values())
+
 
 RL_DEFAULTS = (
     "actor_rollout_ref.actor.optim.lr=1e-5",
@@ -145,11 +178,14 @@ class Bench:
     def train_sft(self) -> Path:
         if self.warm_start is not None:  # a finished warm start (same budgets) is reused, not trained again
             return self.warm_start
-        b = self.budget
         run_dir = self.out / "sft"
-        self.run(
-            "sft",
-            "search_rl.main_sft",
+        self.run("sft", "search_rl.main_sft", self.sft_command(run_dir))
+        return run_dir / f"global_step_{self.budget.sft_steps}"
+
+    def sft_command(self, run_dir: Path) -> list[str]:
+        """The ``main_sft`` overrides of the warm start."""
+        b = self.budget
+        return merge_overrides(
             [
                 f"trainer.default_local_dir={run_dir}",
                 f"trainer.total_training_steps={b.sft_steps}",
@@ -159,14 +195,28 @@ class Bench:
                 "trainer.logger=[console,jsonl]",
                 f"data.train_batch_size={b.sft_batch}",
                 *self.shared(),
-                *self.sft_overrides,
             ],
+            b.sft_overrides,
+            self.sft_overrides,
         )
-        return run_dir / f"global_step_{b.sft_steps}"
 
     def train_rl(self, algorithm: str, start: Path) -> Path:
         b = self.budget
         run_dir = self.out / algorithm
+        self.run(algorithm, "search_rl.main_ppo", self.rl_command(algorithm, start, run_dir))
+        if b.val_every <= 0:
+            return run_dir / f"global_step_{b.rl_steps}"
+        from search_rl.tools.best_checkpoint import choose_step, saved_steps, validation_scores
+
+        scores = validation_scores(run_dir)
+        step = choose_step(scores, saved_steps(run_dir))
+        self.chosen[algorithm] = {"step": step, "val_em": scores}
+        print(f"[{time.strftime('%H:%M:%S')}] {algorithm}: step {step} chosen on validation EM {scores}", flush=True)
+        return run_dir / f"global_step_{step}"
+
+    def rl_command(self, algorithm: str, start: Path, run_dir: Path) -> list[str]:
+        """The ``main_ppo`` overrides of one RL row (``grpo`` or ``ppo``) from the warm start ``start``."""
+        b = self.budget
         grpo = algorithm == "grpo"
         prompts = b.rl_prompts if grpo else b.rl_prompts * b.group_size
         saving = [f"trainer.save_freq={b.rl_steps}", "trainer.test_freq=0"]
@@ -178,9 +228,7 @@ class Bench:
                 f"trainer.max_ckpt_to_keep={-(-b.rl_steps // b.val_every) + 1}",
                 f"data.val_max_samples={b.val_questions}",
             ]
-        self.run(
-            algorithm,
-            "search_rl.main_ppo",
+        return merge_overrides(
             [
                 f"algorithm={algorithm}",
                 f"model.path={start}",
@@ -197,19 +245,11 @@ class Bench:
                 # two optimizer steps per batch: more updates for the same rollouts
                 f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts // 2}",
                 *self.shared(),
-                *RL_DEFAULTS,
-                *self.rl_overrides,
             ],
+            RL_DEFAULTS,
+            b.rl_overrides,
+            self.rl_overrides,
         )
-        if b.val_every <= 0:
-            return run_dir / f"global_step_{b.rl_steps}"
-        from search_rl.tools.best_checkpoint import choose_step, saved_steps, validation_scores
-
-        scores = validation_scores(run_dir)
-        step = choose_step(scores, saved_steps(run_dir))
-        self.chosen[algorithm] = {"step": step, "val_em": scores}
-        print(f"[{time.strftime('%H:%M:%S')}] {algorithm}: step {step} chosen on validation EM {scores}", flush=True)
-        return run_dir / f"global_step_{step}"
 
 
 def phase_seconds(run_dir: Path) -> dict[str, float]:
