@@ -1,0 +1,181 @@
+"""How far the actor update and the log-prob pass are from this CPU's matrix-multiply limit.
+
+Issue 14 asks for a 4x4 GRPO step of at most 45 s. This script measures the floor the hardware sets for the two
+passes that are pure transformer arithmetic:
+
+1. the CPU's matmul rate: ``torch.mm`` on the policy's own linear shapes (one micro-batch of tokens times each weight
+   matrix of a decoder layer), in GFLOP/s, the best of the shapes;
+2. the update (forward, log-softmax of the loss tokens, backward, AdamW) and the no-grad log-prob pass (old or
+   reference log-probs) of ``bench/shared_prompts_bench.py``'s batch, each timed, then run once more under
+   ``torch.profiler`` with FLOP counting: the matmul FLOPs they do and the time they spend in matmuls.
+
+The floor of a pass is its matmul FLOPs at the measured rate: no implementation of the same arithmetic on this CPU
+runs faster, whatever it does about attention, norms or Python overhead. The rollout is not covered: decoding is
+bound by reading the weights per token, not by FLOPs.
+
+3. with ``--lora-rank``, what the adapters cost: forward + backward of each projection shape of a decoder layer,
+   the frozen base ``nn.Linear`` alone, wrapped in peft's LoRA layer, and with the adapter fused into the base's
+   output (``torch.addmm``, one kernel instead of a matmul, a scale and an add): per layer, and times the layers and
+   samples of the update.
+
+    python bench/step_roofline_bench.py --model runs/l14/sft384/global_step_12/actor --lora-rank 16
+
+Last line: ``step_roofline_bench peak_gflops=<G> update_s=<s> update_floor_s=<s> logprob_s=<s> logprob_floor_s=<s>``
+and, with LoRA, ``projections_base_s=<s> projections_peft_s=<s> projections_fused_s=<s>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from peft import LoraConfig
+from peft.tuners.lora.layer import Linear as LoraLinear
+from shared_prompts_bench import build_batch, logprobs, update
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
+
+from search_rl.models import load_model, load_tokenizer
+from search_rl.models.lora import apply_lora
+
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm")
+
+
+def median_seconds(fn: Callable[[], object], repeats: int = 20) -> float:
+    """Median wall time of ``fn`` over ``repeats`` calls, after 3 warm-up calls."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matmul_rate(tokens: int, shapes: list[tuple[int, int]], repeats: int = 20) -> dict[tuple[int, int], float]:
+    """GFLOP/s of ``[tokens, k] @ [k, n]`` for each weight shape ``(k, n)``, the median of ``repeats`` calls."""
+    rates = {}
+    for k, n in shapes:
+        a, b = torch.randn(tokens, k), torch.randn(k, n)
+        rates[k, n] = 2 * tokens * k * n / median_seconds(lambda a=a, b=b: a @ b, repeats) / 1e9
+    return rates
+
+
+def lora_layer_cost(tokens: int, k: int, n: int, rank: int) -> tuple[float, float, float]:
+    """Seconds of forward + backward (to the input and the adapter) of one ``[tokens, k] @ [k, n]`` projection:
+    the frozen base alone, peft's LoRA layer around it, and the adapter fused into the base output by ``addmm``."""
+    base = nn.Linear(k, n, bias=False)
+    base.weight.requires_grad_(False)
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0)
+    lora = LoraLinear(base, "default", config, r=rank, lora_alpha=2 * rank)
+    a, b = lora.lora_A["default"].weight, lora.lora_B["default"].weight
+    nn.init.normal_(b, std=0.01)
+    x = torch.randn(tokens, k, requires_grad=True)
+    grad = torch.randn(tokens, n)
+
+    def fused(inputs: torch.Tensor) -> torch.Tensor:
+        return torch.addmm(base(inputs), inputs @ a.T, b.T, alpha=2.0)
+
+    def step(layer: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], None]:
+        return lambda: layer(x).backward(grad)
+
+    return median_seconds(step(base)), median_seconds(step(lora)), median_seconds(step(fused))
+
+
+def matmul_profile(fn: Callable[[], float]) -> tuple[float, float]:
+    """Run ``fn`` under the profiler; return (matmul FLOPs, seconds spent in matmul kernels)."""
+    with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
+        fn()
+    rows = [row for row in prof.key_averages() if row.key in MATMUL_OPS]
+    return float(sum(row.flops for row in rows)), sum(row.self_cpu_time_total for row in rows) / 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="runs/l14/sft384/global_step_12/actor")
+    ap.add_argument("--lora-rank", type=int, default=16, help="0 = full fine-tuning")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--samples", type=int, default=4)
+    ap.add_argument("--mini", type=int, default=8, help="samples per optimizer step (whole groups)")
+    ap.add_argument("--response-tokens", type=int, default=364, help="the 384-token-observation recipe's mean")
+    ap.add_argument("--model-tokens", type=int, default=60)
+    ap.add_argument("--repeats", type=int, default=2, help="timed runs of each pass (median)")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    tokenizer = load_tokenizer(args.model)
+    model = load_model(args.model)
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv = cfg.num_key_value_heads * head_dim
+    shapes = [
+        (cfg.hidden_size, cfg.hidden_size),
+        (cfg.hidden_size, kv),
+        (cfg.hidden_size, cfg.intermediate_size),
+        (cfg.intermediate_size, cfg.hidden_size),
+    ]
+    if args.lora_rank:
+        model = apply_lora(model, args.lora_rank, 2 * args.lora_rank, "all-linear")
+    optimizer = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=1e-12)
+    batch = build_batch(tokenizer, args.prompts, args.samples, args.response_tokens, args.model_tokens, seed=0)
+    total = int(batch.attention_mask.sum())
+    micro_tokens = total // len(batch)
+    rates = matmul_rate(micro_tokens, shapes)
+    peak = max(rates.values())
+    print(f"batch: {len(batch)} samples, {total} tokens (~{micro_tokens} per micro-batch of 1)")
+    for (k, n), rate in rates.items():
+        print(f"matmul [{micro_tokens} x {k}] @ [{k} x {n}]: {rate:.0f} GFLOP/s")
+
+    passes: dict[str, Callable[[], float]] = {
+        "update": lambda: update(model, optimizer, batch, args.mini, True),
+        "logprob": lambda: logprobs(model, batch, True),
+    }
+    passes["update"]()  # warm-up: allocator, thread pools
+    results = {}
+    for name, fn in passes.items():
+        wall = statistics.median(fn() for _ in range(args.repeats))
+        flops, mm_s = matmul_profile(fn)
+        floor = flops / (peak * 1e9)
+        results[name] = (wall, floor)
+        print(
+            f"{name}: {wall:.1f} s wall; matmuls {flops / 1e12:.2f} TFLOP, {mm_s:.1f} s under the profiler "
+            f"({flops / mm_s / 1e9:.0f} GFLOP/s); floor at {peak:.0f} GFLOP/s: {floor:.1f} s "
+            f"({floor / wall:.0%} of the wall time)",
+            flush=True,
+        )
+    lora_note = ""
+    if args.lora_rank:
+        layer = {"base": 0.0, "peft": 0.0, "fused": 0.0}
+        projections = [(shapes[0], 2), (shapes[1], 2), (shapes[2], 2), (shapes[3], 1)]  # q,o; k,v; gate,up; down
+        for (k, n), count in projections:
+            costs = lora_layer_cost(args.response_tokens, k, n, args.lora_rank)
+            print(
+                f"projection [{args.response_tokens} x {k}] @ [{k} x {n}] fwd+bwd: base {costs[0] * 1e3:.2f} ms, "
+                f"peft LoRA {costs[1] * 1e3:.2f} ms, fused {costs[2] * 1e3:.2f} ms"
+            )
+            for name, cost in zip(layer, costs, strict=True):
+                layer[name] += count * cost
+        scale = cfg.num_hidden_layers * len(batch)
+        print(
+            f"a decoder layer's projections: base {layer['base'] * 1e3:.1f} ms, peft {layer['peft'] * 1e3:.1f} ms, "
+            f"fused {layer['fused'] * 1e3:.1f} ms; x {cfg.num_hidden_layers} layers x {len(batch)} samples: "
+            f"{layer['base'] * scale:.1f} / {layer['peft'] * scale:.1f} / {layer['fused'] * scale:.1f} s"
+        )
+        lora_note = (
+            f" projections_base_s={layer['base'] * scale:.1f} projections_peft_s={layer['peft'] * scale:.1f}"
+            f" projections_fused_s={layer['fused'] * scale:.1f}"
+        )
+    print(
+        f"step_roofline_bench peak_gflops={peak:.0f} update_s={results['update'][0]:.1f} "
+        f"update_floor_s={results['update'][1]:.1f} logprob_s={results['logprob'][0]:.1f} "
+        f"logprob_floor_s={results['logprob'][1]:.1f}{lora_note}"
+    )
+
+
+if __name__ == "__main__":
+    main()
