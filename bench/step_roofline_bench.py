@@ -86,12 +86,17 @@ def lora_layer_cost(tokens: int, k: int, n: int, rank: int) -> tuple[float, floa
     return median_seconds(step(base)), median_seconds(step(lora)), median_seconds(step(fused))
 
 
-def matmul_profile(fn: Callable[[], float]) -> tuple[float, float]:
-    """Run ``fn`` under the profiler; return (matmul FLOPs, seconds spent in matmul kernels)."""
+def matmul_profile(fn: Callable[[], float], top: int = 6) -> tuple[float, float, str]:
+    """Run ``fn`` under the profiler; return (matmul FLOPs, seconds spent in matmul kernels, the ``top`` ops by
+    self time with their share of the profiled time)."""
     with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
         fn()
-    rows = [row for row in prof.key_averages() if row.key in MATMUL_OPS]
-    return float(sum(row.flops for row in rows)), sum(row.self_cpu_time_total for row in rows) / 1e6
+    ops = sorted(prof.key_averages(), key=lambda row: -row.self_cpu_time_total)
+    total = sum(row.self_cpu_time_total for row in ops)
+    names = [row.key.removeprefix("aten::")[:32] for row in ops[:top]]
+    shares = ", ".join(f"{name} {row.self_cpu_time_total / total:.0%}" for name, row in zip(names, ops, strict=False))
+    rows = [row for row in ops if row.key in MATMUL_OPS]
+    return float(sum(row.flops for row in rows)), sum(row.self_cpu_time_total for row in rows) / 1e6, shares
 
 
 def main() -> None:
@@ -139,13 +144,13 @@ def main() -> None:
     results = {}
     for name, fn in passes.items():
         wall = statistics.median(fn() for _ in range(args.repeats))
-        flops, mm_s = matmul_profile(fn)
+        flops, mm_s, shares = matmul_profile(fn)
         floor = flops / (peak * 1e9)
         results[name] = (wall, floor)
         print(
             f"{name}: {wall:.1f} s wall; matmuls {flops / 1e12:.2f} TFLOP, {mm_s:.1f} s under the profiler "
             f"({flops / mm_s / 1e9:.0f} GFLOP/s); floor at {peak:.0f} GFLOP/s: {floor:.1f} s "
-            f"({floor / wall:.0%} of the wall time)",
+            f"({floor / wall:.0%} of the wall time)\n  profiled self time: {shares}",
             flush=True,
         )
     lora_note = ""
