@@ -332,10 +332,11 @@ def compute_actor_loss(
     if cfg.entropy_coeff > 0 and entropy is None:
         raise ValueError("algorithm.entropy_coeff > 0 but no entropy was given; pass entropy_from_logits(logits)")
     if entropy is not None:
-        entropy_mean = aggregate_loss(entropy, loss_mask, cfg.loss_agg_mode)
-        metrics["actor/entropy"] = entropy_mean.item()
+        # The metric is the per-token mean in nats whatever the aggregation, so runs with different loss_agg_mode
+        # compare; the loss term uses the configured aggregation.
+        metrics["actor/entropy"] = masked_mean(entropy.detach(), loss_mask).item()
         if cfg.entropy_coeff > 0:
-            loss = loss - cfg.entropy_coeff * entropy_mean
+            loss = loss - cfg.entropy_coeff * aggregate_loss(entropy, loss_mask, cfg.loss_agg_mode)
     if cfg.use_kl_loss:
         if ref_logprobs is None:
             raise ValueError(
@@ -345,6 +346,7 @@ def compute_actor_loss(
         kl = estimate_kl(logprobs, ref_logprobs, cfg.kl_loss_type)  # (B, T)
         kl_loss = aggregate_loss(kl, loss_mask, cfg.loss_agg_mode)
         metrics["actor/kl_loss"] = kl_loss.item()
+        metrics["actor/kl"] = masked_mean(kl.detach(), loss_mask).item()
         loss = loss + cfg.kl_loss_coef * kl_loss
     metrics["actor/loss"] = loss.item()
     return loss, metrics

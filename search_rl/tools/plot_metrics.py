@@ -45,7 +45,7 @@ PANELS = (
         "reward", "Reward and EM (train, per source)", "score", _matches(r"reward/(score_mean|em|[^/]+/score|[^/]+/em)")
     ),
     Panel("validation", "Validation EM (greedy, per source)", "EM", _matches(r"val/[^/]+/em")),
-    Panel("kl", "KL to the reference / between updates", "nats", _matches(r"actor/(kl_loss|ppo_kl|reward_kl_penalty)")),
+    Panel("kl", "KL to the reference / between updates", "nats", _matches(r"actor/(kl|ppo_kl|reward_kl_penalty)")),
     Panel("entropy", "Policy entropy (model tokens)", "nats", _matches(r"actor/entropy(_rollout)?")),
     Panel("response_length", "Response length", "tokens", _matches(r"response_length/(mean|model_tokens_mean|max)")),
     Panel(

@@ -32,7 +32,7 @@ CONSOLE_KEYS = (
     ("epoch", "train/epoch"),
     ("searches", "rollout/searches_mean"),
     ("resp_len", "response_length/mean"),
-    ("kl", "actor/kl_loss"),
+    ("kl", "actor/kl"),
     ("ppo_kl", "actor/ppo_kl"),
     ("entropy", "actor/entropy"),
     ("clipfrac", "actor/clipfrac"),

@@ -250,3 +250,24 @@ def test_registries_unknown_names_and_import_strings():
         aggregate_loss(torch.zeros(1, 1), torch.ones(1, 1), "mean")
     by_string = POLICY_LOSSES.get("search_rl.algorithms.losses:compute_ppo_clip_loss")
     assert by_string is POLICY_LOSSES.get("ppo_clip")
+
+
+def test_entropy_and_kl_metrics_are_per_token_means_whatever_the_loss_aggregation():
+    # Two sequences, 3 and 1 loss tokens, T = 4. Entropy per token 1, 2, 3 | 6: per-token mean 12 / 4 = 3. k1 KL is
+    # logprobs - ref = 0.5 everywhere: mean 0.5. seq-mean-token-sum-norm aggregates (6 / 4 + 6 / 4) / 2 = 1.5 for the
+    # entropy and (1.5 / 4 + 0.5 / 4) / 2 = 0.25 for the KL term the loss adds.
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    entropy = torch.tensor([[1.0, 2.0, 3.0, 9.0], [6.0, 9.0, 9.0, 9.0]])
+    lp = torch.zeros(2, 4)
+    cfg = AlgorithmConfig(
+        loss_agg_mode="seq-mean-token-sum-norm",
+        entropy_coeff=0.1,
+        use_kl_loss=True,
+        kl_loss_coef=1.0,
+        kl_loss_type="k1",
+    )
+    loss, metrics = compute_actor_loss(lp, lp, torch.zeros(2, 4), mask, cfg, entropy=entropy, ref_logprobs=lp - 0.5)
+    assert metrics["actor/entropy"] == pytest.approx(3.0)
+    assert metrics["actor/kl"] == pytest.approx(0.5)
+    assert metrics["actor/kl_loss"] == pytest.approx(0.25)
+    assert loss.item() == pytest.approx(-0.1 * 1.5 + 0.25)  # advantages 0: only the entropy and KL terms
