@@ -88,15 +88,20 @@ def logprobs(model, batch: TrainBatch, share: bool) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="runs/l14/sft/global_step_12/actor")
+def add_batch_arguments(ap: argparse.ArgumentParser, model: str, response_tokens: int) -> None:
+    """The model, adapter and batch options this script and ``step_roofline_bench.py`` share."""
+    ap.add_argument("--model", default=model)
     ap.add_argument("--lora-rank", type=int, default=16, help="0 = full fine-tuning")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--mini", type=int, default=8, help="samples per optimizer step (whole groups)")
-    ap.add_argument("--response-tokens", type=int, default=345)
+    ap.add_argument("--response-tokens", type=int, default=response_tokens, help="mean response length")
     ap.add_argument("--model-tokens", type=int, default=60)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_batch_arguments(ap, "runs/l14/sft/global_step_12/actor", 345)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()

@@ -9,14 +9,14 @@ passes that are pure transformer arithmetic:
    reference log-probs) of ``bench/shared_prompts_bench.py``'s batch, each timed, then run once more under
    ``torch.profiler`` with FLOP counting: the matmul FLOPs they do and the time they spend in matmuls.
 
-The floor of a pass is its matmul FLOPs at the measured rate: no implementation of the same arithmetic on this CPU
-runs faster, whatever it does about attention, norms or Python overhead. The rollout is not covered: decoding is
-bound by reading the weights per token, not by FLOPs.
-
 3. with ``--lora-rank``, what the adapters cost: forward + backward of each projection shape of a decoder layer,
    the frozen base ``nn.Linear`` alone, wrapped in peft's LoRA layer, and with the adapter fused into the base's
    output (``torch.addmm``, one kernel instead of a matmul, a scale and an add): per layer, and times the layers and
    samples of the update.
+
+The floor of a pass is its matmul FLOPs at the measured rate: no implementation of the same arithmetic on this CPU
+runs faster, whatever it does about attention, norms or Python overhead. The rollout is not covered: decoding is
+bound by reading the weights per token, not by FLOPs.
 
     python bench/step_roofline_bench.py --model runs/l14/sft384/global_step_12/actor --lora-rank 16
 
@@ -34,7 +34,7 @@ from collections.abc import Callable
 import torch
 from peft import LoraConfig
 from peft.tuners.lora.layer import Linear as LoraLinear
-from shared_prompts_bench import build_batch, logprobs, update
+from shared_prompts_bench import add_batch_arguments, build_batch, logprobs, update
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
@@ -101,13 +101,7 @@ def matmul_profile(fn: Callable[[], float], top: int = 6) -> tuple[float, float,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="runs/l14/sft384/global_step_12/actor")
-    ap.add_argument("--lora-rank", type=int, default=16, help="0 = full fine-tuning")
-    ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--samples", type=int, default=4)
-    ap.add_argument("--mini", type=int, default=8, help="samples per optimizer step (whole groups)")
-    ap.add_argument("--response-tokens", type=int, default=364, help="the 384-token-observation recipe's mean")
-    ap.add_argument("--model-tokens", type=int, default=60)
+    add_batch_arguments(ap, "runs/l14/sft384/global_step_12/actor", 364)  # the 384-token recipe's mean response
     ap.add_argument("--repeats", type=int, default=2, help="timed runs of each pass (median)")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
