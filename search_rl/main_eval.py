@@ -1,10 +1,12 @@
-"""Greedy evaluation of a base model or a checkpoint on any parquet of Search-R1 rows, with the two baselines.
+"""Evaluation of a base model or a checkpoint on any parquet of Search-R1 rows, with the two baselines: greedy, or
+``n_samples`` sampled answers per question (mean EM and pass@k: how much an RL policy could gain by sharpening).
 
     python -m search_rl.main_eval                                                # SmolLM2 with search, shipped test set
     python -m search_rl.main_eval model.path=runs/default/global_step_6/actor    # a trained checkpoint
     python -m search_rl.main_eval baseline=no_search                             # closed book, same model
     python -m search_rl.main_eval baseline=naive_rag rag_topk=3                  # top-3 passages inlined, no search
     python -m search_rl.main_eval 'data.files=[data/datasets/eval/bamboogle_test.parquet]' data.max_samples=50
+    python -m search_rl.main_eval n_samples=8 actor_rollout_ref.rollout.temperature=1.0   # 8 samples per question
 
 ``search`` rolls out the rows' own prompts with the search loop; ``no_search`` and ``naive_rag`` rebuild the prompt
 from the row's ``question`` with ``configs/templates/{no_search,naive_rag}.txt`` (``search_rl.templates``) and run one
@@ -15,6 +17,11 @@ scored rows; per-source EM / sub-EM / F1, answer rate and searches per question 
 diagnostics (``search_rl.search_stats``: valid-search rate, duplicate queries, gold retrieved, wrong answers split into
 no answer / no search / retrieval missed / read wrong, EM by number of searches, answer length). ``python -m
 search_rl.tools.diagnose --eval <run>/metrics.json`` prints them as a table.
+
+With ``n_samples=k > 1`` every question is rolled out ``k`` times at ``actor_rollout_ref.rollout.temperature`` (top-p,
+top-k likewise; seed ``actor_rollout_ref.rollout.seed``, 0 when unset): the EM, F1 and diagnostics are means over
+all ``k`` samples, ``eval/<source>/pass@<k>`` is the share of questions with at least one exactly right, and the
+result line adds ``samples=<k> pass@<k>=<x>``; ``n`` still counts questions.
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ from search_rl.datatypes import Trajectory
 from search_rl.models import dtype_of, load_model, load_tokenizer
 from search_rl.protocol import PromptBatch
 from search_rl.rollout.hf import HFEngine
-from search_rl.scoring import answer_metrics, score_trajectories
+from search_rl.scoring import answer_metrics, pass_at_k_metrics, score_trajectories
 from search_rl.templates import load_template, render_prompt
 from search_rl.tracking.rollout_dump import write_records
 
@@ -94,35 +101,44 @@ def baseline_prompts(cfg: EvalConfig, dataset: PromptDataset, indices: list[int]
 
 
 def evaluate(cfg: EvalConfig) -> EvalResult:
-    """Roll out every selected row greedily, score it, write the files; see the module docstring."""
+    """Roll out every selected row (greedily, or ``n_samples`` times), score it, write the files; see the module
+    docstring."""
     search = cfg.baseline == "search" and cfg.do_search and cfg.max_turns > 0
-    rollout = replace(cfg.rollout, do_search=search, max_turns=cfg.max_turns if search else 0, greedy=True)
+    k, greedy = cfg.n_samples, cfg.n_samples == 1
+    seed = 0 if cfg.rollout.seed is None else cfg.rollout.seed
+    rollout = replace(cfg.rollout, do_search=search, max_turns=cfg.max_turns if search else 0, greedy=greedy)
     if search or cfg.baseline == "naive_rag":
         RetrieverClient(cfg.retriever).check_reachable()
     tokenizer = load_tokenizer(cfg.model.path)
     dataset = PromptDataset(read_rows(cfg.data.files), tokenizer, 10**9, drop_overlong=False)
-    prompts = baseline_prompts(cfg, dataset, dataset.subset_indices(cfg.data.max_samples, cfg.data.seed), tokenizer)
+    questions = baseline_prompts(cfg, dataset, dataset.subset_indices(cfg.data.max_samples, cfg.data.seed), tokenizer)
+    prompts = questions.repeat_interleave(k)  # a question's samples adjacent: its prompt is encoded once
     model = load_model(cfg.model.path, dtype=dtype_of(cfg.model.dtype), seed=cfg.model.seed)
     engine = HFEngine(model, tokenizer, cfg.rollout.hf)
     manager = LLMGenerationManager(engine, tokenizer, RetrieverClient(cfg.retriever) if search else None, rollout)
     trajectories: list[Trajectory] = []
     start = time.perf_counter()
-    for part in prompts.split_by_size(cfg.batch_size):
-        trajectories += manager.generate([list(p) for p in part.prompt_ids], greedy=True).trajectories
+    for n, part in enumerate(prompts.split_by_size(cfg.batch_size * k)):
+        ids = [list(p) for p in part.prompt_ids]
+        trajectories += manager.generate(ids, greedy=greedy, seed=None if greedy else seed + n).trajectories
         logger.info("rolled out %d/%d (%.0fs)", len(trajectories), len(prompts), time.perf_counter() - start)
     results = score_trajectories(trajectories, prompts, cfg.reward, rollout.max_response_tokens)
     metrics = answer_metrics(trajectories, results, prompts.data_sources, "eval", prompts.targets)
+    if not greedy:
+        metrics.update(pass_at_k_metrics(prompts.uids, results, prompts.data_sources, "eval"))
     out = Path(cfg.output_dir) / f"{cfg.baseline}-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     write_records(out / "trajectories.jsonl", prompts, trajectories, results, tokenizer, step=0, kind="eval")
     (out / "metrics.json").write_text(
-        json.dumps({"model": cfg.model.path, "baseline": cfg.baseline, **metrics}, indent=1)
+        json.dumps({"model": cfg.model.path, "baseline": cfg.baseline, "n_samples": k, **metrics}, indent=1)
     )
     for key, value in sorted(metrics.items()):
         logger.info("%s = %.4f", key, value)
     summary = "eval n={} em={:.4f} subem={:.4f} f1={:.4f}".format(
-        len(prompts), metrics["eval/all/em"], metrics["eval/all/subem"], metrics["eval/all/f1"]
+        len(questions), metrics["eval/all/em"], metrics["eval/all/subem"], metrics["eval/all/f1"]
     )
+    if not greedy:
+        summary += f" samples={k} pass@{k}={metrics[f'eval/all/pass@{k}']:.4f}"
     return EvalResult(metrics, out, summary)
 
 

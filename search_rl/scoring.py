@@ -132,3 +132,36 @@ def answer_metrics(
         if diagnoses is not None:
             metrics.update(summarize([diagnoses[i] for i in idx], f"{prefix}/{source}"))
     return metrics
+
+
+def pass_at_k_metrics(
+    uids: Sequence[str], results: Sequence[RewardResult], data_sources: Sequence[str], prefix: str
+) -> dict[str, float]:
+    """Per data source and over ``all`` questions: ``<prefix>/<source>/pass@<k>``, the share of questions with at
+    least one of their ``k`` samples exactly right (EM 1), and ``<prefix>/<source>/questions``.
+
+    Rows with the same uid are one question's samples; every question must have the same number ``k``.
+
+    Raises:
+        ValueError: questions with different numbers of samples, or a uid under two data sources.
+    """
+    ems: dict[str, list[float]] = defaultdict(list)
+    source_of: dict[str, str] = {}
+    for uid, result, source in zip(uids, results, data_sources, strict=True):
+        if source_of.setdefault(uid, source) != source:
+            raise ValueError(f"pass@k: question {uid} is under two data sources ({source_of[uid]}, {source})")
+        ems[uid].append(result.components.get("em", 0.0))
+    counts = {len(v) for v in ems.values()}
+    if len(counts) != 1:
+        raise ValueError(f"pass@k needs the same number of samples per question, got {sorted(counts)}")
+    k = counts.pop()
+    groups: dict[str, list[float]] = defaultdict(list)
+    for uid, values in ems.items():
+        solved = float(max(values) >= 1.0)
+        groups[source_of[uid]].append(solved)
+        groups["all"].append(solved)
+    metrics: dict[str, float] = {}
+    for source, solved in sorted(groups.items()):
+        metrics[f"{prefix}/{source}/pass@{k}"] = _mean(solved)
+        metrics[f"{prefix}/{source}/questions"] = float(len(solved))
+    return metrics

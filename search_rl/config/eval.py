@@ -1,4 +1,4 @@
-"""``EvalConfig``, the root of ``configs/eval.yaml`` (greedy evaluation and its baselines)."""
+"""``EvalConfig``, the root of ``configs/eval.yaml`` (evaluation, greedy or sampled, and its baselines)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ class EvalDataConfig:
 
 @dataclass
 class EvalRolloutConfig(RolloutConfig):
-    """The search loop of evaluation (decoding is always greedy) and its HF engine, under the same key paths as in
-    training: ``actor_rollout_ref.rollout.*`` and ``actor_rollout_ref.rollout.hf.*``."""
+    """The search loop of evaluation (greedy unless ``n_samples > 1``) and its HF engine, under the same key paths as
+    in training: ``actor_rollout_ref.rollout.*`` and ``actor_rollout_ref.rollout.hf.*``."""
 
     hf: HFEngineConfig = field(default_factory=HFEngineConfig)
     """HF engine settings."""
@@ -39,7 +39,7 @@ class EvalActorRolloutRefConfig:
     """``actor_rollout_ref`` of evaluation: only its rollout."""
 
     rollout: EvalRolloutConfig = field(default_factory=lambda: EvalRolloutConfig(greedy=True))
-    """The search loop; decoding is always greedy."""
+    """The search loop; greedy unless ``n_samples > 1`` (then its temperature, top-p, top-k and seed apply)."""
 
 
 @dataclass
@@ -66,7 +66,10 @@ class EvalConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     """Scoring per data source."""
     batch_size: int = 32
-    """Questions rolled out together."""
+    """Questions rolled out together (each with its ``n_samples`` samples)."""
+    n_samples: int = 1
+    """Answers per question: 1 = greedy decoding; ``k > 1`` = ``k`` samples at
+    ``actor_rollout_ref.rollout.temperature``, reported as mean EM over the samples and pass@k."""
     output_dir: str = "runs/eval"
     """Where the run folder with ``metrics.json`` and ``trajectories.jsonl`` goes."""
 
@@ -75,6 +78,13 @@ class EvalConfig:
             raise ConfigError(f"baseline must be one of {BASELINES}, got {self.baseline!r}")
         if self.rag_topk < 1 or self.batch_size < 1:
             raise ConfigError("rag_topk and batch_size must be >= 1")
+        if self.n_samples < 1:
+            raise ConfigError(f"n_samples must be >= 1 (1 = greedy), got {self.n_samples}")
+        if self.n_samples > 1 and self.actor_rollout_ref.rollout.temperature <= 0:
+            raise ConfigError(
+                f"n_samples={self.n_samples} samples at actor_rollout_ref.rollout.temperature, which must be > 0 "
+                f"(got {self.actor_rollout_ref.rollout.temperature}); use n_samples=1 for greedy decoding"
+            )
 
     @property
     def rollout(self) -> EvalRolloutConfig:

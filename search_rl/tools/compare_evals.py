@@ -69,10 +69,16 @@ def load_eval(name: str, folder: Path) -> EvalRun:
 
     Raises:
         FileNotFoundError: no evaluation in ``folder``.
-        ValueError: a trajectory line without ``uid`` or ``reward_components.em``, named by file and line.
+        ValueError: a trajectory line without ``uid`` or ``reward_components.em``, named by file and line; a sampled
+            evaluation (``n_samples > 1``), whose first sample is not the greedy answer.
     """
     run = run_folder(folder)
     metrics = json.loads((run / "metrics.json").read_text())
+    if int(metrics.get("n_samples", 1)) > 1:
+        raise ValueError(
+            f"{run}: a sampled evaluation (n_samples={metrics['n_samples']}); the paired test compares greedy "
+            "evaluations: run main_eval with n_samples=1"
+        )
     em: dict[str, float] = {}
     path = run / "trajectories.jsonl"
     for line_no, line in enumerate(path.read_text().splitlines(), start=1):

@@ -72,6 +72,38 @@ def test_evaluate_each_baseline(baseline, retriever_url, tmp_path):
         assert saved["eval/all/n_searches_0"] == 3 and not any(r["search_calls"] for r in records)
 
 
+def test_sampled_evaluation_reports_mean_em_and_pass_at_k(retriever_url, tmp_path):
+    overrides = [*SMALL, f"retriever.url={retriever_url}", f"output_dir={tmp_path}", "n_samples=3"]
+    result = evaluate(load_eval_config(overrides))
+    match = re.match(r"^eval n=3 em=([\d.]+) subem=[\d.]+ f1=[\d.]+ samples=3 pass@3=([\d.]+)$", result.summary)
+    assert match, result.summary
+    records = [json.loads(x) for x in (result.output_dir / "trajectories.jsonl").read_text().splitlines()]
+    assert len(records) == 9
+    by_question: dict[str, list[dict]] = {}
+    for r in records:
+        by_question.setdefault(r["uid"], []).append(r)
+    assert len(by_question) == 3 and all(sorted(r["sample"] for r in rs) == [0, 1, 2] for rs in by_question.values())
+    # samples, not three copies of one greedy answer: the random tiny model's sampled responses differ
+    assert any(len({r["response"] for r in rs}) > 1 for rs in by_question.values())
+    saved = json.loads((result.output_dir / "metrics.json").read_text())
+    assert saved["n_samples"] == 3 and saved["eval/all/n"] == 9 and saved["eval/all/questions"] == 3
+    ems = [r["reward_components"]["em"] for r in records]
+    assert saved["eval/all/em"] == pytest.approx(sum(ems) / 9) == pytest.approx(float(match.group(1)), abs=1e-4)
+    solved = [max(r["reward_components"]["em"] for r in rs) for rs in by_question.values()]
+    assert saved["eval/all/pass@3"] == pytest.approx(sum(solved) / 3)
+    # the same seed gives the same samples
+    again = evaluate(load_eval_config(overrides))
+    again_records = [json.loads(x) for x in (again.output_dir / "trajectories.jsonl").read_text().splitlines()]
+    assert [r["response"] for r in again_records] == [r["response"] for r in records]
+
+
+def test_sampling_needs_a_positive_temperature():
+    with pytest.raises(Exception, match="n_samples=2 samples at actor_rollout_ref.rollout.temperature"):
+        load_eval_config(["n_samples=2", "actor_rollout_ref.rollout.temperature=0"])
+    with pytest.raises(Exception, match="n_samples must be >= 1"):
+        load_eval_config(["n_samples=0"])
+
+
 def test_cli_prints_the_result_line_last(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "search_rl.main_eval", *SMALL, "baseline=no_search", f"output_dir={tmp_path}"],

@@ -69,6 +69,16 @@ def test_bad_trajectory_line_names_file_and_line(tmp_path):
         load_eval("x", tmp_path / "x")
 
 
+def test_sampled_evaluation_is_refused(tmp_path):
+    run = write_eval(tmp_path / "s", {"q1": 1, "q2": 0})
+    metrics = json.loads((run / "metrics.json").read_text())
+    (run / "metrics.json").write_text(json.dumps({**metrics, "n_samples": 4}))
+    with pytest.raises(ValueError, match=r"a sampled evaluation \(n_samples=4\).*n_samples=1"):
+        load_eval("s", tmp_path / "s")
+    (run / "metrics.json").write_text(json.dumps({**metrics, "n_samples": 1}))
+    assert load_eval("s", tmp_path / "s").em == {"q1": 1.0, "q2": 0.0}
+
+
 def test_cli(tmp_path, capsys):
     write_eval(tmp_path / "sft", {"a": 0, "b": 0})
     write_eval(tmp_path / "rl", {"a": 1, "b": 0})
