@@ -161,7 +161,7 @@ def pass_at_k_metrics(
         groups[source_of[uid]].append(solved)
         groups["all"].append(solved)
     metrics: dict[str, float] = {}
-    for source, solved in sorted(groups.items()):
-        metrics[f"{prefix}/{source}/pass@{k}"] = _mean(solved)
-        metrics[f"{prefix}/{source}/questions"] = float(len(solved))
+    for source, flags in sorted(groups.items()):
+        metrics[f"{prefix}/{source}/pass@{k}"] = _mean(flags)
+        metrics[f"{prefix}/{source}/questions"] = float(len(flags))
     return metrics
