@@ -20,10 +20,9 @@ Last line: ``compile_bench scope=<scope> update_s=<eager>-><compiled> logprob_s=
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
-from shared_prompts_bench import add_batch_arguments, build_batch, logprobs, update
+from shared_prompts_bench import add_batch_arguments, alternating_medians, build_batch, logprobs, update
 from torch import nn
 
 from search_rl.models import load_model, load_tokenizer
@@ -60,18 +59,16 @@ def main() -> None:
     for name, (model, optimizer) in models.items():  # warm-up: compilation, allocator, thread pools
         print(f"warm-up {name}: update {update(model, optimizer, batch, args.mini, share):.1f} s", flush=True)
         logprobs(model, batch, share)
-    times: dict[tuple[str, str], list[float]] = {(k, m): [] for k in ("update", "logprob") for m in models}
-    for r in range(args.repeats):
-        for name in ("eager", "compiled") if r % 2 == 0 else ("compiled", "eager"):
-            model, optimizer = models[name]
-            times["update", name].append(update(model, optimizer, batch, args.mini, share))
-            times["logprob", name].append(logprobs(model, batch, share))
-            print(
-                f"repeat {r + 1} {name}: update {times['update', name][-1]:.1f} s, "
-                f"log-probs {times['logprob', name][-1]:.1f} s",
-                flush=True,
+    med = alternating_medians(
+        {
+            name: lambda model=model, optimizer=optimizer: (
+                update(model, optimizer, batch, args.mini, share),
+                logprobs(model, batch, share),
             )
-    med = {k: statistics.median(v) for k, v in times.items()}
+            for name, (model, optimizer) in models.items()
+        },
+        args.repeats,
+    )
     print(
         f"compile_bench scope={args.scope} update_s={med['update', 'eager']:.1f}->{med['update', 'compiled']:.1f} "
         f"logprob_s={med['logprob', 'eager']:.1f}->{med['logprob', 'compiled']:.1f}"

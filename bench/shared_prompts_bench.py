@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -88,6 +89,23 @@ def logprobs(model, batch: TrainBatch, share: bool) -> float:
     return time.perf_counter() - start
 
 
+def alternating_medians(
+    rows: dict[str, Callable[[], tuple[float, float]]], repeats: int
+) -> dict[tuple[str, str], float]:
+    """Median (update, log-prob pass) seconds of each row: ``rows[name]()`` times both once; the rows run in turn,
+    in reverse order every other repeat, so that drift in the machine's speed hits all of them. Keys:
+    ``("update" | "logprob", name)``."""
+    names = list(rows)
+    times: dict[tuple[str, str], list[float]] = {(k, n): [] for k in ("update", "logprob") for n in names}
+    for r in range(repeats):
+        for name in names if r % 2 == 0 else names[::-1]:
+            update_s, logprob_s = rows[name]()
+            times["update", name].append(update_s)
+            times["logprob", name].append(logprob_s)
+            print(f"repeat {r + 1} {name}: update {update_s:.1f} s, log-probs {logprob_s:.1f} s", flush=True)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def add_batch_arguments(ap: argparse.ArgumentParser, model: str, response_tokens: int) -> None:
     """The model, adapter and batch options this script and ``step_roofline_bench.py`` share."""
     ap.add_argument("--model", default=model)
@@ -115,26 +133,26 @@ def main() -> None:
     prompt_tokens = int(batch.attention_mask[:, : batch.prompt_length].sum())
     total = int(batch.attention_mask.sum())
     print(f"batch: {len(batch)} samples, {total} tokens, of them {prompt_tokens} prompt tokens")
-    times: dict[tuple[str, bool], list[float]] = {(k, s): [] for k in ("update", "logprob") for s in (False, True)}
     update(model, optimizer, batch, args.mini, False)  # warm-up: allocator, thread pools
-    for r in range(args.repeats):
-        for share in (False, True) if r % 2 == 0 else (True, False):
-            times["update", share].append(update(model, optimizer, batch, args.mini, share))
-            times["logprob", share].append(logprobs(model, batch, share))
-            print(
-                f"repeat {r + 1} shared={share}: update {times['update', share][-1]:.1f} s, "
-                f"log-probs {times['logprob', share][-1]:.1f} s",
-                flush=True,
+    med = alternating_medians(
+        {
+            name: lambda share=share: (
+                update(model, optimizer, batch, args.mini, share),
+                logprobs(model, batch, share),
             )
-    med = {k: statistics.median(v) for k, v in times.items()}
-    print(
-        f"update: {med['update', False]:.1f} s -> {med['update', True]:.1f} s shared "
-        f"({1 - med['update', True] / med['update', False]:.0%} less); log-prob pass: {med['logprob', False]:.1f} s "
-        f"-> {med['logprob', True]:.1f} s ({1 - med['logprob', True] / med['logprob', False]:.0%} less)"
+            for name, share in (("plain", False), ("shared", True))
+        },
+        args.repeats,
     )
     print(
-        f"shared_prompts_bench update_s={med['update', False]:.1f}->{med['update', True]:.1f} "
-        f"logprob_s={med['logprob', False]:.1f}->{med['logprob', True]:.1f}"
+        f"update: {med['update', 'plain']:.1f} s -> {med['update', 'shared']:.1f} s shared "
+        f"({1 - med['update', 'shared'] / med['update', 'plain']:.0%} less); log-prob pass: "
+        f"{med['logprob', 'plain']:.1f} s -> {med['logprob', 'shared']:.1f} s "
+        f"({1 - med['logprob', 'shared'] / med['logprob', 'plain']:.0%} less)"
+    )
+    print(
+        f"shared_prompts_bench update_s={med['update', 'plain']:.1f}->{med['update', 'shared']:.1f} "
+        f"logprob_s={med['logprob', 'plain']:.1f}->{med['logprob', 'shared']:.1f}"
     )
 
 
