@@ -107,6 +107,8 @@ def test_restarted_server_is_reached_by_retries(server, tokenizer, make_scripted
     clients.append(client)
     cfg = RolloutConfig(max_turns=3, max_turn_tokens=32, max_obs_tokens=120, on_retriever_error="raise")
     result = LLMGenerationManager(engine, tokenizer, client, cfg).generate(prompts)
+    # the client may reach the server before start() has polled /health and returned: wait for the restart thread
+    restarted.wait(timeout=READY_TIMEOUT_S)
     assert not restart_errors, f"the server did not come back: {restart_errors[0]!r}"
     assert restarted.is_set() and client.retries >= 1 and client.failures == 0
     for traj in result.trajectories:
