@@ -1,0 +1,188 @@
+"""Warm-start rows from the policy's own right answers (rejection-sampling fine-tuning, also called expert
+iteration): ``python -m search_rl.tools.rft_rows --records RUN --questions PARQUET --corpus CORPUS --output OUT``.
+
+``RUN`` is a ``main_eval`` output over training questions, usually sampled (``n_samples=8``). Every sampled trajectory
+with exact match 1, only valid search/answer turns, no retriever failure and, when it searched, its answer in a
+passage it was shown becomes an SFT row in the format
+``data_prep.synth_sft`` writes (the question's own row plus ``trajectory`` and ``sft``), its passages looked up by id in
+the corpus the retriever serves. ``main_sft`` then trains on them from the policy that sampled them (docs/learning.md).
+Identical trajectories of a question are kept once, and at most ``--max-per-question`` per question, so questions
+the policy already answers every time do not dominate. Every record left out is counted by reason in the manifest
+written next to the output and in the printed summary.
+
+Only training questions belong here: the rows teach the answers they contain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from data_prep.synth_sft import read_input, write_output
+from retriever_server.corpus import load_corpus, split_contents
+from search_rl.sft.trajectories import contains_answer
+from search_rl.tools.compare_evals import run_folder
+
+SKIP_REASONS = (
+    "not_exact",
+    "invalid_action",
+    "retriever_error",
+    "unfinished",
+    "answer_not_shown",
+    "duplicate",
+    "over_cap",
+)
+"""Why a record is not turned into a row (each counted). ``answer_not_shown``: the trajectory searched but no
+observation it saw holds the answer (a guess; ``main_sft`` leaves such examples out too)."""
+
+
+def record_turns(record: dict[str, Any], passages: dict[str, dict[str, str]]) -> list[dict[str, Any]]:
+    """The ``trajectory`` value of one evaluation record: each model turn's text, a search turn with the passages
+    its query returned (looked up by id), the last turn the answer.
+
+    Raises:
+        ValueError: the record's searches do not line up with its model turns, or a passage id is not in the corpus.
+    """
+    model = [s["text"] for s in record["segments"] if s["kind"] == "model"]
+    calls = record["search_calls"]
+    where = f"record {record['uid']} sample {record.get('sample', 0)}"
+    if len(calls) != len(model) - 1:
+        raise ValueError(
+            f"{where}: {len(model)} model turns but {len(calls)} searches (expected one per turn but last)"
+        )
+    turns = []
+    for i, text in enumerate(model):
+        found = []
+        for pid in calls[i]["passage_ids"] if i < len(calls) else ():
+            if pid not in passages:
+                raise ValueError(
+                    f"{where}: passage id {pid!r} is not in the corpus; give the corpus the retriever serves"
+                )
+            found.append(passages[pid])
+        turns.append({"text": text, "passages": found})
+    return turns
+
+
+def skip_reason(record: dict[str, Any]) -> str | None:
+    """Why ``record`` cannot be a training row (one of ``SKIP_REASONS`` before deduplication), or None."""
+    stats = record["stats"]
+    if record["reward_components"]["em"] < 1.0:
+        return "not_exact"
+    if stats["invalid_actions"] > 0:
+        return "invalid_action"
+    if stats["retriever_errors"] > 0 or any(c["failed"] for c in record["search_calls"]):
+        return "retriever_error"
+    if not stats["finished"] or record["stop_reason"] != "answer":
+        return "unfinished"
+    seen = [s["text"] for s in record["segments"] if s["kind"] == "observation"]
+    if seen and not any(contains_answer(text, record["answer"] or "") for text in seen):
+        return "answer_not_shown"
+    return None
+
+
+def build_rows(
+    records: list[dict[str, Any]],
+    questions: dict[str, dict[str, Any]],
+    passages: dict[str, dict[str, str]],
+    max_per_question: int,
+) -> tuple[list[dict[str, Any]], Counter[str]]:
+    """(SFT rows, skipped records by reason) from evaluation records, in record order.
+
+    Raises:
+        ValueError: a record whose question id is not among ``questions``.
+    """
+    rows: list[dict[str, Any]] = []
+    skipped: Counter[str] = Counter()
+    seen: dict[str, set[tuple[str, ...]]] = {}
+    for record in records:
+        uid = record["uid"]
+        if uid not in questions:
+            raise ValueError(f"record {uid} (sample {record.get('sample', 0)}) is not a question of --questions")
+        reason = skip_reason(record)
+        if reason is None:
+            turns = record_turns(record, passages)
+            key = tuple(t["text"] for t in turns)
+            kept = seen.setdefault(uid, set())
+            if key in kept:
+                reason = "duplicate"
+            elif len(kept) >= max_per_question:
+                reason = "over_cap"
+            else:
+                kept.add(key)
+                sft = {
+                    "variant": "rft",
+                    "num_searches": len(turns) - 1,
+                    "answer": record["answer"],
+                    "support_passage": "",
+                }
+                rows.append({**questions[uid], "trajectory": turns, "sft": sft})
+        if reason is not None:
+            skipped[reason] += 1
+    return rows, skipped
+
+
+def read_records(folder: Path) -> list[dict[str, Any]]:
+    """The records of a ``main_eval`` run folder (or the newest run in ``folder``)."""
+    path = run_folder(folder) / "trajectories.jsonl"
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(
+        prog="python -m search_rl.tools.rft_rows",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--records", required=True, type=Path, help="main_eval output folder (sampled on train questions)")
+    ap.add_argument("--questions", required=True, type=Path, help="the question parquet that evaluation read")
+    ap.add_argument("--corpus", default=Path("data/corpus/wiki_mini.jsonl.gz"), type=Path, help="the served corpus")
+    ap.add_argument("--output", required=True, type=Path, help="output parquet; the manifest goes next to it")
+    ap.add_argument("--max-per-question", type=int, default=4, help="distinct right trajectories kept per question")
+    args = ap.parse_args(argv)
+    if args.max_per_question < 1:
+        ap.error("--max-per-question must be >= 1")
+    try:
+        schema, question_rows = read_input(args.questions)
+        records = read_records(args.records)
+        corpus = load_corpus(args.corpus)
+        passages = {}
+        for pid, contents in zip(corpus.ids, corpus.contents, strict=True):
+            title, text = split_contents(contents)
+            passages[pid] = {"id": pid, "title": title, "text": text}
+        questions = {r["extra_info"]["id"]: r for r in question_rows}
+        rows, skipped = build_rows(records, questions, passages, args.max_per_question)
+    except (OSError, ValueError, KeyError) as e:
+        sys.stderr.write(f"error: {e!r}\n" if isinstance(e, KeyError) else f"error: {e}\n")
+        return 1
+    if not rows:
+        sys.stderr.write(f"error: no record qualifies (skipped: {dict(skipped)})\n")
+        return 1
+    write_output(rows, schema, args.output)
+    covered = len({r["extra_info"]["id"] for r in rows})
+    manifest = {
+        "description": "search-rl rejection-sampling rows: the policy's own exact trajectories; docs/learning.md",
+        "command": "python -m search_rl.tools.rft_rows " + " ".join(argv),
+        "records_read": len(records),
+        "questions_sampled": len({r["uid"] for r in records}),
+        "rows_kept": len(rows),
+        "questions_kept": covered,
+        "skipped_by_reason": {k: skipped[k] for k in SKIP_REASONS if skipped[k]},
+        "per_num_searches": dict(sorted(Counter(str(r["sft"]["num_searches"]) for r in rows).items())),
+    }
+    manifest_path = args.output.with_name(args.output.stem + ".manifest.json")
+    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    sys.stdout.write(
+        f"read {len(records)} records of {manifest['questions_sampled']} questions; kept {len(rows)} rows of "
+        f"{covered} questions; skipped {manifest['skipped_by_reason']}; searches {manifest['per_num_searches']}\n"
+    )
+    sys.stdout.write(f"wrote {args.output} and {manifest_path}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
