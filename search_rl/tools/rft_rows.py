@@ -7,7 +7,8 @@ passage it was shown becomes an SFT row in the format
 ``data_prep.synth_sft`` writes (the question's own row plus ``trajectory`` and ``sft``), its passages looked up by id in
 the corpus the retriever serves. ``main_sft`` then trains on them from the policy that sampled them (docs/learning.md).
 Identical trajectories of a question are kept once, and at most ``--max-per-question`` per question, so questions
-the policy already answers every time do not dominate. Every record left out is counted by reason in the manifest
+the policy already answers every time do not dominate; a question's rows get ids ``<extra_info.id>/rft<k>``
+(training rows need unique ids). Every record left out is counted by reason in the manifest
 written next to the output and in the printed summary.
 
 Only training questions belong here: the rows teach the answers they contain.
@@ -16,6 +17,7 @@ Only training questions belong here: the rows teach the answers they contain.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 from collections import Counter
@@ -24,7 +26,7 @@ from typing import Any
 
 from data_prep.synth_sft import read_input, write_output
 from retriever_server.corpus import load_corpus, split_contents
-from search_rl.sft.trajectories import contains_answer
+from search_rl.sft.trajectories import contains_answer, parse_turns
 from search_rl.tools.compare_evals import run_folder
 
 SKIP_REASONS = (
@@ -33,11 +35,14 @@ SKIP_REASONS = (
     "retriever_error",
     "unfinished",
     "answer_not_shown",
+    "bad_format",
     "duplicate",
     "over_cap",
 )
 """Why a record is not turned into a row (each counted). ``answer_not_shown``: the trajectory searched but no
-observation it saw holds the answer (a guess; ``main_sft`` leaves such examples out too)."""
+observation it saw holds the answer (a guess; ``main_sft`` leaves such examples out too). ``bad_format``: turns that
+break the tag protocol warm-start rows must keep (``search_rl.sft.trajectories.parse_turns``), e.g. an unclosed
+``<think>``."""
 
 
 def record_turns(record: dict[str, Any], passages: dict[str, dict[str, str]]) -> list[dict[str, Any]]:
@@ -84,6 +89,15 @@ def skip_reason(record: dict[str, Any]) -> str | None:
     return None
 
 
+def keeps_protocol(turns: list[dict[str, Any]]) -> bool:
+    """Whether ``turns`` pass the checks ``main_sft`` applies to warm-start rows (``parse_turns``)."""
+    try:
+        parse_turns(turns, "record")
+    except ValueError:
+        return False
+    return True
+
+
 def build_rows(
     records: list[dict[str, Any]],
     questions: dict[str, dict[str, Any]],
@@ -107,19 +121,23 @@ def build_rows(
             turns = record_turns(record, passages)
             key = tuple(t["text"] for t in turns)
             kept = seen.setdefault(uid, set())
-            if key in kept:
+            if not keeps_protocol(turns):
+                reason = "bad_format"
+            elif key in kept:
                 reason = "duplicate"
             elif len(kept) >= max_per_question:
                 reason = "over_cap"
             else:
                 kept.add(key)
+                row = copy.deepcopy(questions[uid])
+                row["extra_info"]["id"] = f"{uid}/rft{len(kept) - 1}"  # training rows need unique ids
                 sft = {
                     "variant": "rft",
                     "num_searches": len(turns) - 1,
                     "answer": record["answer"],
                     "support_passage": "",
                 }
-                rows.append({**questions[uid], "trajectory": turns, "sft": sft})
+                rows.append({**row, "trajectory": turns, "sft": sft})
         if reason is not None:
             skipped[reason] += 1
     return rows, skipped
@@ -163,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"error: no record qualifies (skipped: {dict(skipped)})\n")
         return 1
     write_output(rows, schema, args.output)
-    covered = len({r["extra_info"]["id"] for r in rows})
+    covered = len({r["extra_info"]["id"].rsplit("/rft", 1)[0] for r in rows})
     manifest = {
         "description": "search-rl rejection-sampling rows: the policy's own exact trajectories; docs/learning.md",
         "command": "python -m search_rl.tools.rft_rows " + " ".join(argv),

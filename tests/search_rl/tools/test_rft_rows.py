@@ -104,7 +104,7 @@ def test_right_samples_become_rows_that_replay_the_rollout(sampled, tokenizer, t
     assert torch.equal(rebuilt.response_mask, sampled_traj.response_mask)
 
 
-def test_cap_per_question_and_bad_records(sampled, tmp_path, capsys):
+def test_cap_per_question_and_bad_records(sampled, tokenizer, tmp_path, capsys):
     questions, run, _ = sampled
     lines = [json.loads(x) for x in (run / "trajectories.jsonl").read_text().splitlines()]
     other = copy.deepcopy(lines[0])
@@ -115,8 +115,18 @@ def test_cap_per_question_and_bad_records(sampled, tmp_path, capsys):
     assert main([*base, "--max-per-question", "1"]) == 0
     manifest = json.loads((tmp_path / "rft.manifest.json").read_text())
     assert manifest["rows_kept"] == 1 and manifest["skipped_by_reason"]["over_cap"] == 1
-    assert main(base) == 0  # a different right trajectory of the same question is a second row
+    assert main(base) == 0  # a different right trajectory of the same question is a second row, with its own id
     assert json.loads((tmp_path / "rft.manifest.json").read_text())["rows_kept"] == 2
+    uid = lines[0]["uid"]
+    assert [r["extra_info"]["id"] for r in pq.read_table(out).to_pylist()] == [f"{uid}/rft0", f"{uid}/rft1"]
+    assert len(SFTDataset([str(out)], tokenizer, ROLLOUT)) == 2
+
+    broken = copy.deepcopy(lines[0])
+    broken["segments"][0]["text"] = "<think> unclosed " + broken["segments"][0]["text"]
+    (run / "trajectories.jsonl").write_text(json.dumps(broken) + "\n" + json.dumps(lines[0]) + "\n")
+    assert main(base) == 0
+    manifest = json.loads((tmp_path / "rft.manifest.json").read_text())
+    assert manifest["rows_kept"] == 1 and manifest["skipped_by_reason"] == {"bad_format": 1}
 
     invalid = copy.deepcopy(lines[0])
     invalid["stats"]["invalid_actions"] = 1
