@@ -16,6 +16,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from search_rl.config import HFEngineConfig
 from search_rl.datatypes import FinishReason, Generated, SamplingParams
+from search_rl.models.cache_arg import CACHE_KWARG
 from search_rl.models.weights import load_weights
 from search_rl.rollout.base import check_generate_args
 from search_rl.rollout.prefix_cache import KV, PrefixStore
@@ -231,7 +232,7 @@ class HFEngine:
             input_ids=input_ids,
             attention_mask=attention,
             position_ids=positions,
-            past_key_values=cache,
+            **{CACHE_KWARG: cache},
             use_cache=True,
             logits_to_keep=1,  # the full (R, L, V) prefill logits would be GBs with a 49k vocabulary
         )

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from search_rl.algorithms import entropy_from_logits
+from search_rl.models.cache_arg import CACHE_KWARG
 from search_rl.protocol import TrainBatch
 from search_rl.workers.shared_prompts import SharedPrompts
 
@@ -47,7 +48,7 @@ def _inputs_after_shared_prompt(
         "input_ids": batch.input_ids[:, start:end].to(device),
         "attention_mask": torch.cat([prefix_mask, batch.attention_mask[:, start:end].to(device)], dim=1),
         "position_ids": batch.position_ids[:, start:end].to(device),
-        "past_key_values": cache,
+        CACHE_KWARG: cache,
         "use_cache": True,
     }
     return inputs, t

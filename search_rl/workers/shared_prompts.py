@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from search_rl.models.cache_arg import CACHE_KWARG
 from search_rl.protocol import TrainBatch
 
 
@@ -68,7 +69,7 @@ class SharedPrompts:
                 input_ids=ids.to(device),
                 attention_mask=self.mask,
                 position_ids=positions.to(device),
-                past_key_values=cache,
+                **{CACHE_KWARG: cache},
                 use_cache=True,
                 logits_to_keep=1,
             )

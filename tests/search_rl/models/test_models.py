@@ -61,3 +61,24 @@ def test_smollm2_converted_once_and_cached():
     model = load_model(SMOLLM2)
     assert model.config.num_hidden_layers == 30 and model.config.vocab_size == 49152
     assert gguf_model_dir(smollm2_gguf_path()) == path
+
+
+def test_cache_keyword_fills_the_cache_without_deprecation_warnings(tiny_model, tokenizer):
+    """The KV cache goes in under the installed transformers' own keyword: filled, and no FutureWarning raised."""
+    import warnings
+
+    from transformers import DynamicCache
+
+    from search_rl.datatypes import SamplingParams
+    from search_rl.models.cache_arg import CACHE_KWARG
+    from search_rl.rollout.hf import HFEngine
+
+    ids = torch.tensor([tokenizer.encode("The capital of France is")])
+    cache = DynamicCache(config=tiny_model.config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        with torch.inference_mode():
+            tiny_model(input_ids=ids, use_cache=True, **{CACHE_KWARG: cache})
+        out = HFEngine(tiny_model, tokenizer).generate([ids[0].tolist()], SamplingParams(max_new_tokens=4, greedy=True))
+    assert cache.get_seq_length() == ids.shape[1]
+    assert 1 <= len(out[0].token_ids) <= 4
