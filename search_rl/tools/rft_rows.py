@@ -1,13 +1,16 @@
 """Warm-start rows from the policy's own right answers (rejection-sampling fine-tuning, also called expert
 iteration): ``python -m search_rl.tools.rft_rows --records RUN --questions PARQUET --corpus CORPUS --output OUT``.
 
-``RUN`` is a ``main_eval`` output over training questions, usually sampled (``n_samples=8``). Every sampled trajectory
+``RUN`` is a ``main_eval`` output over training questions, usually sampled (``n_samples=8``); give ``--records``
+again to pool several runs (e.g. a second batch of questions). Every sampled trajectory
 with exact match 1, only valid search/answer turns, no retriever failure and, when it searched, its answer in a
 passage it was shown becomes an SFT row in the format
 ``data_prep.synth_sft`` writes (the question's own row plus ``trajectory`` and ``sft``), its passages looked up by id in
 the corpus the retriever serves. ``main_sft`` then trains on them from the policy that sampled them (docs/learning.md).
 Identical trajectories of a question are kept once, and at most ``--max-per-question`` per question, so questions
-the policy already answers every time do not dominate; a question's rows get ids ``<extra_info.id>/rft<k>``
+the policy already answers every time do not dominate; ``--without-think`` leaves out trajectories with a
+``<think>`` turn (rows with one taught the warm start to think, which lost answers: docs/learning.md). A question's
+rows get ids ``<extra_info.id>/rft<k>``
 (training rows need unique ids). Every record left out is counted by reason in the manifest
 written next to the output and in the printed summary.
 
@@ -36,13 +39,14 @@ SKIP_REASONS = (
     "unfinished",
     "answer_not_shown",
     "bad_format",
+    "has_think",
     "duplicate",
     "over_cap",
 )
 """Why a record is not turned into a row (each counted). ``answer_not_shown``: the trajectory searched but no
 observation it saw holds the answer (a guess; ``main_sft`` leaves such examples out too). ``bad_format``: turns that
 break the tag protocol warm-start rows must keep (``search_rl.sft.trajectories.parse_turns``), e.g. an unclosed
-``<think>``."""
+``<think>``. ``has_think``: a model turn thinks, left out under ``--without-think``."""
 
 
 def record_turns(record: dict[str, Any], passages: dict[str, dict[str, str]]) -> list[dict[str, Any]]:
@@ -103,8 +107,10 @@ def build_rows(
     questions: dict[str, dict[str, Any]],
     passages: dict[str, dict[str, str]],
     max_per_question: int,
+    without_think: bool = False,
 ) -> tuple[list[dict[str, Any]], Counter[str]]:
-    """(SFT rows, skipped records by reason) from evaluation records, in record order.
+    """(SFT rows, skipped records by reason) from evaluation records, in record order; with ``without_think``,
+    trajectories with a ``<think>`` turn are left out before the per-question cap counts.
 
     Raises:
         ValueError: a record whose question id is not among ``questions``.
@@ -123,6 +129,8 @@ def build_rows(
             kept = seen.setdefault(uid, set())
             if not keeps_protocol(turns):
                 reason = "bad_format"
+            elif without_think and any("<think>" in t["text"] for t in turns):
+                reason = "has_think"
             elif key in kept:
                 reason = "duplicate"
             elif len(kept) >= max_per_question:
@@ -156,24 +164,31 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("--records", required=True, type=Path, help="main_eval output folder (sampled on train questions)")
+    ap.add_argument(
+        "--records",
+        required=True,
+        type=Path,
+        action="append",
+        help="main_eval output folder (sampled on train questions); repeat to pool several",
+    )
     ap.add_argument("--questions", required=True, type=Path, help="the question parquet that evaluation read")
     ap.add_argument("--corpus", default=Path("data/corpus/wiki_mini.jsonl.gz"), type=Path, help="the served corpus")
     ap.add_argument("--output", required=True, type=Path, help="output parquet; the manifest goes next to it")
     ap.add_argument("--max-per-question", type=int, default=4, help="distinct right trajectories kept per question")
+    ap.add_argument("--without-think", action="store_true", help="leave out trajectories with a <think> turn")
     args = ap.parse_args(argv)
     if args.max_per_question < 1:
         ap.error("--max-per-question must be >= 1")
     try:
         schema, question_rows = read_input(args.questions)
-        records = read_records(args.records)
+        records = [r for folder in args.records for r in read_records(folder)]
         corpus = load_corpus(args.corpus)
         passages = {}
         for pid, contents in zip(corpus.ids, corpus.contents, strict=True):
             title, text = split_contents(contents)
             passages[pid] = {"id": pid, "title": title, "text": text}
         questions = {r["extra_info"]["id"]: r for r in question_rows}
-        rows, skipped = build_rows(records, questions, passages, args.max_per_question)
+        rows, skipped = build_rows(records, questions, passages, args.max_per_question, args.without_think)
     except (OSError, ValueError, KeyError) as e:
         sys.stderr.write(f"error: {e!r}\n" if isinstance(e, KeyError) else f"error: {e}\n")
         return 1

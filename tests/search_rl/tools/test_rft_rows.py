@@ -141,3 +141,31 @@ def test_cap_per_question_and_bad_records(sampled, tokenizer, tmp_path, capsys):
     (run / "trajectories.jsonl").write_text(json.dumps(stranger) + "\n")
     assert main(base) == 1
     assert "record nq-train-unknown (sample 0) is not a question of --questions" in capsys.readouterr().err
+
+
+def test_pooled_runs_and_rows_without_think(sampled, tmp_path):
+    questions, run, _ = sampled
+    lines = [json.loads(x) for x in (run / "trajectories.jsonl").read_text().splitlines()]
+    thinking = copy.deepcopy(lines[0])
+    thinking["segments"][0]["text"] = "<think> I should look this up. </think>\n" + thinking["segments"][0]["text"]
+    second = tmp_path / "eval2"
+    second.mkdir()
+    (second / "metrics.json").write_text("{}")
+    (second / "trajectories.jsonl").write_text(json.dumps(thinking) + "\n")
+    out = tmp_path / "rft.parquet"
+    rest = ["--questions", str(questions), "--corpus", str(SHIPPED_CORPUS), "--output", str(out)]
+
+    assert main(["--records", str(run), "--records", str(second), *rest]) == 0  # both runs are read
+    manifest = json.loads((tmp_path / "rft.manifest.json").read_text())
+    assert manifest["records_read"] == 5 and manifest["rows_kept"] == 2
+    assert any("<think>" in t["text"] for r in pq.read_table(out).to_pylist() for t in r["trajectory"])
+
+    # the thinking record comes first and the cap is 1: leaving it out must not use up the question's one row
+    argv = ["--records", str(second), "--records", str(run), *rest, "--max-per-question", "1", "--without-think"]
+    assert main(argv) == 0
+    manifest = json.loads((tmp_path / "rft.manifest.json").read_text())
+    assert manifest["rows_kept"] == 1
+    assert manifest["skipped_by_reason"] == {"not_exact": 1, "answer_not_shown": 1, "has_think": 1, "duplicate": 1}
+    (row,) = pq.read_table(out).to_pylist()
+    assert row["extra_info"]["id"] == f"{lines[0]['uid']}/rft0"
+    assert not any("<think>" in t["text"] for t in row["trajectory"])
