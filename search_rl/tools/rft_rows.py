@@ -30,6 +30,7 @@ from typing import Any
 from data_prep.synth_sft import read_input, write_output
 from retriever_server.corpus import load_corpus, split_contents
 from search_rl.sft.trajectories import contains_answer, parse_turns
+from search_rl.tags import THINK_OPEN
 from search_rl.tools.compare_evals import run_folder
 
 SKIP_REASONS = (
@@ -129,7 +130,7 @@ def build_rows(
             kept = seen.setdefault(uid, set())
             if not keeps_protocol(turns):
                 reason = "bad_format"
-            elif without_think and any("<think>" in t["text"] for t in turns):
+            elif without_think and any(THINK_OPEN in t["text"] for t in turns):
                 reason = "has_think"
             elif key in kept:
                 reason = "duplicate"
