@@ -11,8 +11,9 @@ Identical trajectories of a question are kept once, and at most ``--max-per-ques
 the policy already answers every time do not dominate; ``--without-think`` leaves out trajectories with a
 ``<think>`` turn (rows with one taught the warm start to think, which lost answers: docs/learning.md). A question's
 rows get ids ``<extra_info.id>/rft<k>``
-(training rows need unique ids). Every record left out is counted by reason in the manifest
-written next to the output and in the printed summary.
+(training rows need unique ids). ``--mix SFT_PARQUET`` appends as many rows again, a seeded sample of an existing
+warm-start file (the shipped ``sft_train.parquet``): rejection sampling's best result mixed them one for one.
+Every record left out is counted by reason in the manifest written next to the output and in the printed summary.
 
 Only training questions belong here: the rows teach the answers they contain.
 """
@@ -26,6 +27,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+import pandas as pd
+import pyarrow.parquet as pq
 
 from data_prep.synth_sft import read_input, write_output
 from retriever_server.corpus import load_corpus, split_contents
@@ -152,6 +156,27 @@ def build_rows(
     return rows, skipped
 
 
+def mix_rows(path: Path, count: int, seed: int, columns: list[str], taken: set[str]) -> list[dict[str, Any]]:
+    """``count`` rows of the SFT file ``path`` (all of them if it has fewer), a seeded sample without replacement in
+    ``pandas.DataFrame.sample`` order, to append to rows whose ids are ``taken``.
+
+    Raises:
+        ValueError: the file cannot be read, its columns are not ``columns``, or a sampled id is already taken.
+    """
+    try:
+        table = pq.read_table(path)
+    except OSError as e:
+        raise ValueError(f"cannot read --mix {path}: {e}") from e
+    if table.column_names != columns:
+        raise ValueError(f"--mix {path} has columns {table.column_names}, expected an SFT file's {columns}")
+    picked = pd.Series(range(table.num_rows)).sample(n=min(count, table.num_rows), random_state=seed).tolist()
+    rows = table.take(picked).to_pylist()
+    for r in rows:
+        if r["extra_info"]["id"] in taken:
+            raise ValueError(f"--mix {path}: row id {r['extra_info']['id']!r} is also a sampled row's id")
+    return rows
+
+
 def read_records(folder: Path) -> list[dict[str, Any]]:
     """The records of a ``main_eval`` run folder (or the newest run in ``folder``)."""
     path = run_folder(folder) / "trajectories.jsonl"
@@ -177,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output", required=True, type=Path, help="output parquet; the manifest goes next to it")
     ap.add_argument("--max-per-question", type=int, default=4, help="distinct right trajectories kept per question")
     ap.add_argument("--without-think", action="store_true", help="leave out trajectories with a <think> turn")
+    ap.add_argument("--mix", type=Path, help="an SFT parquet to append as many rows from (seeded sample)")
+    ap.add_argument("--mix-seed", type=int, default=0, help="seed of the --mix sample (default 0)")
     args = ap.parse_args(argv)
     if args.max_per_question < 1:
         ap.error("--max-per-question must be >= 1")
@@ -190,13 +217,18 @@ def main(argv: list[str] | None = None) -> int:
             passages[pid] = {"id": pid, "title": title, "text": text}
         questions = {r["extra_info"]["id"]: r for r in question_rows}
         rows, skipped = build_rows(records, questions, passages, args.max_per_question, args.without_think)
+        if not rows:
+            sys.stderr.write(f"error: no record qualifies (skipped: {dict(skipped)})\n")
+            return 1
+        mixed = []
+        if args.mix is not None:
+            columns = [*schema.names, "trajectory", "sft"]
+            taken = {r["extra_info"]["id"] for r in rows}
+            mixed = mix_rows(args.mix, len(rows), args.mix_seed, columns, taken)
     except (OSError, ValueError, KeyError) as e:
         sys.stderr.write(f"error: {e!r}\n" if isinstance(e, KeyError) else f"error: {e}\n")
         return 1
-    if not rows:
-        sys.stderr.write(f"error: no record qualifies (skipped: {dict(skipped)})\n")
-        return 1
-    write_output(rows, schema, args.output)
+    write_output(rows + mixed, schema, args.output)
     covered = len({r["extra_info"]["id"].rsplit("/rft", 1)[0] for r in rows})
     manifest = {
         "description": "search-rl rejection-sampling rows: the policy's own exact trajectories; docs/learning.md",
@@ -208,12 +240,17 @@ def main(argv: list[str] | None = None) -> int:
         "skipped_by_reason": {k: skipped[k] for k in SKIP_REASONS if skipped[k]},
         "per_num_searches": dict(sorted(Counter(str(r["sft"]["num_searches"]) for r in rows).items())),
     }
+    if args.mix is not None:
+        manifest.update({"mix": str(args.mix), "mix_seed": args.mix_seed, "mixed_rows": len(mixed)})
     manifest_path = args.output.with_name(args.output.stem + ".manifest.json")
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     sys.stdout.write(
         f"read {len(records)} records of {manifest['questions_sampled']} questions; kept {len(rows)} rows of "
         f"{covered} questions; skipped {manifest['skipped_by_reason']}; searches {manifest['per_num_searches']}\n"
     )
+    if args.mix is not None:
+        short = f" (all it has, fewer than the {len(rows)} kept)" if len(mixed) < len(rows) else ""
+        sys.stdout.write(f"mixed in {len(mixed)} rows of {args.mix}{short}, seed {args.mix_seed}\n")
     sys.stdout.write(f"wrote {args.output} and {manifest_path}\n")
     return 0
 

@@ -14,6 +14,7 @@ import copy
 import json
 from pathlib import Path
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -169,3 +170,26 @@ def test_pooled_runs_and_rows_without_think(sampled, tmp_path):
     (row,) = pq.read_table(out).to_pylist()
     assert row["extra_info"]["id"] == f"{lines[0]['uid']}/rft0"
     assert not any("<think>" in t["text"] for t in row["trajectory"])
+
+
+def test_mix_appends_a_seeded_sample_of_warm_start_rows(sampled, tmp_path, capsys):
+    questions, run, _ = sampled
+    shipped = TRAIN.with_name("sft_train.parquet")
+    out = tmp_path / "rft.parquet"
+    base = ["--records", str(run), "--questions", str(questions), "--corpus", str(SHIPPED_CORPUS), "--output", str(out)]
+    assert main([*base, "--mix", str(shipped), "--mix-seed", "3"]) == 0
+    rft, mixed = pq.read_table(out).to_pylist()  # the one sampled row, then one row of the shipped file
+    assert rft["extra_info"]["id"].endswith("/rft0")
+    ids = [r["id"] for r in pq.read_table(shipped, columns=["extra_info"]).column("extra_info").to_pylist()]
+    drawn = pd.Series(range(len(ids))).sample(n=1, random_state=3).tolist()  # what the manifest's seed reproduces
+    assert mixed["extra_info"]["id"] == ids[drawn[0]] and mixed["trajectory"]
+    manifest = json.loads((tmp_path / "rft.manifest.json").read_text())
+    assert manifest["rows_kept"] == 1 and manifest["mixed_rows"] == 1 and manifest["mix_seed"] == 3
+    assert "mixed in 1 rows" in capsys.readouterr().out
+
+    assert main([*base, "--mix", str(questions)]) == 1  # question rows, not an SFT file
+    assert "has columns" in capsys.readouterr().err
+    assert main(base) == 0  # the sampled row alone
+    again = [*base[:-1], str(tmp_path / "again.parquet"), "--mix", str(out)]
+    assert main(again) == 1  # mixing a file that holds the row sampled again
+    assert "is also a sampled row's id" in capsys.readouterr().err
