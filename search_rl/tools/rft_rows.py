@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from data_prep.synth_sft import read_input, write_output
@@ -165,7 +166,7 @@ def mix_rows(path: Path, count: int, seed: int, columns: list[str], taken: set[s
     """
     try:
         table = pq.read_table(path)
-    except OSError as e:
+    except (OSError, pa.ArrowInvalid) as e:
         raise ValueError(f"cannot read --mix {path}: {e}") from e
     if table.column_names != columns:
         raise ValueError(f"--mix {path} has columns {table.column_names}, expected an SFT file's {columns}")

@@ -189,6 +189,8 @@ def test_mix_appends_a_seeded_sample_of_warm_start_rows(sampled, tmp_path, capsy
 
     assert main([*base, "--mix", str(questions)]) == 1  # question rows, not an SFT file
     assert "has columns" in capsys.readouterr().err
+    assert main([*base, "--mix", str(run / "trajectories.jsonl")]) == 1  # not a parquet file
+    assert f"cannot read --mix {run / 'trajectories.jsonl'}" in capsys.readouterr().err
     assert main(base) == 0  # the sampled row alone
     again = [*base[:-1], str(tmp_path / "again.parquet"), "--mix", str(out)]
     assert main(again) == 1  # mixing a file that holds the row sampled again
