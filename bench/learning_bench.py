@@ -1,11 +1,12 @@
 """The learning benchmark: does RL on top of the warm start beat the warm start and naive RAG? (docs/learning.md)
 
-Six rows on the same fixed, seeded subset of the shipped test split, the same retriever and the same greedy
+Up to seven rows on the same fixed, seeded subset of the shipped test split, the same retriever and the same greedy
 decoding, each scored by ``main_eval`` (EM / sub-EM / F1, answer rate, searches per question):
 
-1. base model with the search protocol        4. after the warm start only (``main_sft``)
-2. base model closed-book                      5. warm start + GRPO (``main_ppo algorithm=grpo``)
-3. base model with naive RAG (top-3 inlined)   6. warm start + PPO (``main_ppo algorithm=ppo``, with a critic)
+1. base model with the search protocol        5. warm start + GRPO (``main_ppo algorithm=grpo``)
+2. base model closed-book                      6. warm start + PPO (``main_ppo algorithm=ppo``, with a critic)
+3. base model with naive RAG (top-3 inlined)   7. warm start + rejection sampling (``rft``, only when asked for:
+4. after the warm start only (``main_sft``)       sampled training questions -> ``rft_rows`` -> ``main_sft``)
 
 Every phase runs as the user would run it: the exact ``python -m search_rl.main_*`` command lines (written to
 ``commands.sh``) in subprocesses, logs in the output folder. Results: ``results.json``, ``results.md`` (the table,
@@ -16,9 +17,11 @@ seconds per step by phase, example trajectories), and the training curves as PNG
     python bench/learning_bench.py --retriever-url http://127.0.0.1:8000/retrieve --out runs/learning_bench
     python bench/learning_bench.py --profile long --rows sft,grpo --warm-start runs/ws/sft/global_step_30
     python bench/learning_bench.py --profile recipe --rows naive_rag,sft,grpo   # the docs' 384-token recipe
+    python bench/learning_bench.py --profile recipe --rows sft,rft --warm-start runs/sft/global_step_12
 
 Without ``--retriever-url`` it starts the default dense retriever (``uvicorn retriever_server.app:app``) itself.
-Last line: ``learning_bench base=<em> rag=<em> sft=<em> grpo=<em> ppo=<em>`` (EM over the evaluated questions).
+Last line: ``learning_bench base=<em> rag=<em> sft=<em> grpo=<em> ppo=<em> rft=<em>`` (EM over the evaluated
+questions, of the rows run).
 """
 
 from __future__ import annotations
@@ -60,10 +63,33 @@ class Budget:
     """``main_sft`` overrides the profile itself sets (before ``--sft-override``)."""
     rl_overrides: tuple[str, ...] = ()
     """``main_ppo`` overrides the profile itself sets (after ``RL_DEFAULTS``, before ``--rl-override``)."""
+    rft_questions: int = 512
+    """Row ``rft``: the first this many training questions (``main_eval``'s seeded order) are sampled ..."""
+    rft_samples: int = 4
+    """... this many times each at temperature 1.0; ``rft_rows`` keeps the exactly right trajectories without a
+    ``<think>`` turn, ..."""
+    rft_max_per_question: int = 2
+    """... at most this many per question, mixed one for one with rows of the shipped warm-start file; ..."""
+    rft_steps: int = 16
+    """... ``main_sft`` trains the warm start on them this many steps of ``sft_batch`` rows (``RFT_DEFAULTS``), ..."""
+    rft_val_every: int = 4
+    """... validated before training and every this many steps; the best validated step is scored on test."""
 
 
 FULL = Budget(eval_questions=100, sft_steps=30, sft_batch=8, rl_steps=6, rl_prompts=4, group_size=4)
-QUICK = Budget(eval_questions=8, sft_steps=4, sft_batch=4, rl_steps=1, rl_prompts=2, group_size=2)
+QUICK = Budget(
+    eval_questions=8,
+    sft_steps=4,
+    sft_batch=4,
+    rl_steps=1,
+    rl_prompts=2,
+    group_size=2,
+    val_questions=8,
+    rft_questions=8,
+    rft_samples=2,
+    rft_steps=2,
+    rft_val_every=1,
+)
 LONG = Budget(eval_questions=300, sft_steps=30, sft_batch=8, rl_steps=40, rl_prompts=4, group_size=4, val_every=5)
 """``--profile long``: 300 test questions (enough for a paired test to see 10 EM points), 40 RL steps, the step
 chosen on 100 validation questions every 5 steps."""
@@ -104,6 +130,13 @@ RL_DEFAULTS = (
 """RL settings of the benchmark (before ``--rl-override``): a learning rate a 135M model moves at in a few steps,
 and F1 partial credit so that groups of wrong answers still differ (docs/learning.md says why)."""
 
+RFT_DEFAULTS = ("actor_rollout_ref.actor.optim.lr=2e-5", "actor_rollout_ref.actor.optim.lr_warmup_steps=2")
+"""``main_sft`` settings of the rejection-sampling row (before ``--rft-override``): the measured rounds' low learning
+rate; the warm start's would overfit a few hundred rows (docs/training.md)."""
+
+TRAIN_FILE = "data/datasets/nq_hotpotqa_mini/train.parquet"
+WARM_START_FILE = "data/datasets/nq_hotpotqa_mini/sft_train.parquet"
+
 ROWS = (
     ("base", "base model, search protocol"),
     ("closed_book", "base model, closed-book"),
@@ -111,6 +144,7 @@ ROWS = (
     ("sft", "warm start (SFT) only"),
     ("grpo", "warm start + GRPO"),
     ("ppo", "warm start + PPO"),
+    ("rft", "warm start + rejection sampling"),
 )
 
 
@@ -123,6 +157,7 @@ class Bench:
     budget: Budget
     sft_overrides: list[str] = field(default_factory=list)
     rl_overrides: list[str] = field(default_factory=list)
+    rft_overrides: list[str] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
     results: dict[str, dict[str, float]] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
@@ -206,13 +241,80 @@ class Bench:
         self.run(algorithm, "search_rl.main_ppo", self.rl_command(algorithm, start, run_dir))
         if b.val_every <= 0:
             return run_dir / f"global_step_{b.rl_steps}"
+        return self.choose(algorithm, run_dir)
+
+    def choose(self, row: str, run_dir: Path) -> Path:
+        """The checkpoint of ``run_dir`` with the best validation EM (``search_rl.tools.best_checkpoint``)."""
         from search_rl.tools.best_checkpoint import choose_step, saved_steps, validation_scores
 
         scores = validation_scores(run_dir)
         step = choose_step(scores, saved_steps(run_dir))
-        self.chosen[algorithm] = {"step": step, "val_em": scores}
-        print(f"[{time.strftime('%H:%M:%S')}] {algorithm}: step {step} chosen on validation EM {scores}", flush=True)
+        self.chosen[row] = {"step": step, "val_em": scores}
+        print(f"[{time.strftime('%H:%M:%S')}] {row}: step {step} chosen on validation EM {scores}", flush=True)
         return run_dir / f"global_step_{step}"
+
+    def train_rft(self, start: Path) -> Path:
+        """Rejection-sampling row: sample training questions from ``start``, keep the right trajectories
+        (``rft_rows``, passages looked up in the shipped corpus: the retriever must serve it), fine-tune ``start`` on
+        them; the checkpoint chosen on validation."""
+        data = self.out / "rft_data"
+        self.run("rft_samples", "search_rl.main_eval", self.rft_sample_command(start, data / "samples"))
+        self.run("rft_rows", "search_rl.tools.rft_rows", self.rft_rows_command(data))
+        run_dir = self.out / "rft"
+        self.run("rft", "search_rl.main_sft", self.rft_sft_command(start, data / "rows.parquet", run_dir))
+        return self.choose("rft", run_dir)
+
+    def rft_sample_command(self, start: Path, folder: Path) -> list[str]:
+        """The ``main_eval`` overrides that sample the training questions."""
+        b = self.budget
+        return [
+            f"model.path={start}",
+            f"n_samples={b.rft_samples}",
+            "actor_rollout_ref.rollout.temperature=1.0",
+            f"data.files=[{TRAIN_FILE}]",
+            f"data.max_samples={b.rft_questions}",
+            f"output_dir={folder}",
+            *self.shared(),
+        ]
+
+    def rft_rows_command(self, data: Path) -> list[str]:
+        """The ``rft_rows`` arguments that turn the samples into SFT rows (``data/rows.parquet``)."""
+        return [
+            "--records",
+            str(data / "samples"),
+            "--questions",
+            TRAIN_FILE,
+            "--max-per-question",
+            str(self.budget.rft_max_per_question),
+            "--without-think",
+            "--mix",
+            WARM_START_FILE,
+            "--output",
+            str(data / "rows.parquet"),
+        ]
+
+    def rft_sft_command(self, start: Path, rows: Path, run_dir: Path) -> list[str]:
+        """The ``main_sft`` overrides that train ``start`` on the kept rows, validating every ``rft_val_every``."""
+        b = self.budget
+        return merge_overrides(
+            [
+                f"model.path={start}",
+                f"data.train_files=[{rows}]",
+                f"trainer.default_local_dir={run_dir}",
+                f"trainer.total_training_steps={b.rft_steps}",
+                f"trainer.save_freq={b.rft_val_every}",
+                f"trainer.test_freq={b.rft_val_every}",
+                "trainer.val_before_train=true",
+                f"trainer.max_ckpt_to_keep={-(-b.rft_steps // b.rft_val_every) + 1}",
+                f"data.val_max_samples={b.val_questions}",
+                "trainer.resume=disable",
+                "trainer.logger=[console,jsonl]",
+                f"data.train_batch_size={b.sft_batch}",
+                *self.shared(),
+            ],
+            RFT_DEFAULTS,
+            self.rft_overrides,
+        )
 
     def rl_command(self, algorithm: str, start: Path, run_dir: Path) -> list[str]:
         """The ``main_ppo`` overrides of one RL row (``grpo`` or ``ppo``) from the warm start ``start``."""
@@ -296,7 +398,7 @@ def paired(out: Path, base: str, other: str) -> dict[str, float]:
 
 
 def table(bench: Bench) -> str:
-    """The six-row markdown table."""
+    """The rows' markdown table (``rft`` only when it ran: the other rows show ``–`` when not run)."""
     head = (
         "| # | model | EM | sub-EM | F1 | answer rate | searches / question | gold in model text (lenient) |\n"
         "|---|---|---|---|---|---|---|---|"
@@ -304,6 +406,8 @@ def table(bench: Bench) -> str:
     lines = [head]
     for i, (row, label) in enumerate(ROWS, 1):
         m = bench.results.get(row)
+        if m is None and row == "rft":
+            continue
         if m is None:
             lines.append(f"| {i} | {label} | – | – | – | – | – | – |")
             continue
@@ -320,17 +424,28 @@ def write_report(bench: Bench, started: float) -> None:
 
     out = bench.out
     timings = {
-        name: phase_seconds(out / name) for name in ("sft", "grpo", "ppo") if (out / name / "metrics.jsonl").is_file()
+        name: phase_seconds(out / name)
+        for name in ("sft", "grpo", "ppo", "rft")
+        if (out / name / "metrics.jsonl").is_file()
     }
     plots = {name: [str(p.relative_to(out)) for p in plot_run(out / name, out / "plots" / name)] for name in timings}
     pairs = {
         f"{other} vs {base}": paired(out, base, other)
-        for base, other in (("sft", "grpo"), ("sft", "ppo"), ("naive_rag", "sft"), ("naive_rag", "grpo"))
+        for base, other in (
+            ("sft", "grpo"),
+            ("sft", "ppo"),
+            ("sft", "rft"),
+            ("naive_rag", "sft"),
+            ("naive_rag", "grpo"),
+            ("naive_rag", "rft"),
+        )
         if base in bench.results and other in bench.results
     }
     trajectories = {
-        row: examples(out / "eval" / row) for row in ("sft", "grpo", "ppo") if (out / "eval" / row).is_dir()
+        row: examples(out / "eval" / row) for row in ("sft", "grpo", "ppo", "rft") if (out / "eval" / row).is_dir()
     }
+    manifest = out / "rft_data" / "rows.manifest.json"
+    rft_rows = json.loads(manifest.read_text()) if manifest.is_file() else None
     payload = {
         "budget": vars(bench.budget),
         "retriever": bench.url,
@@ -342,6 +457,7 @@ def write_report(bench: Bench, started: float) -> None:
         "examples": trajectories,
         "paired": pairs,
         "chosen_on_validation": bench.chosen,
+        "rft_rows": rft_rows,
     }
     (out / "results.json").write_text(json.dumps(payload, indent=1, ensure_ascii=False))
     (out / "commands.sh").write_text("#!/bin/sh\nset -e\n" + "\n".join(bench.commands) + "\n")
@@ -360,6 +476,12 @@ def write_report(bench: Bench, started: float) -> None:
     for name, chosen in bench.chosen.items():
         curve = ", ".join(f"{step}: {em:.3f}" for step, em in sorted(chosen["val_em"].items()))  # type: ignore[attr-defined]
         md.append(f"- **{name}** scored at step {chosen['step']}, chosen on validation EM by step ({curve})")
+    if rft_rows is not None:
+        md.append(
+            f"- **rft** rows: {rft_rows['rows_kept']} right trajectories of {rft_rows['questions_kept']} of the "
+            f"{rft_rows['questions_sampled']} sampled questions ({rft_rows['records_read']} samples; left out: "
+            f"{rft_rows['skipped_by_reason']}) + {rft_rows.get('mixed_rows', 0)} warm-start rows"
+        )
     md += ["", "## Seconds per step by phase", ""]
     for name, phases in timings.items():
         md.append(f"- **{name}**: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
@@ -391,7 +513,14 @@ def main() -> None:
     ap.add_argument(
         "--rl-override", action="append", default=[], help="extra main_ppo override, both runs (repeatable)"
     )
-    ap.add_argument("--rows", default="base,closed_book,naive_rag,sft,grpo,ppo", help="rows to run (comma-separated)")
+    ap.add_argument(
+        "--rft-override", action="append", default=[], help="extra main_sft override of the rft row (repeatable)"
+    )
+    ap.add_argument(
+        "--rows",
+        default="base,closed_book,naive_rag,sft,grpo,ppo",
+        help="rows to run, comma-separated, of: " + ",".join(r for r, _ in ROWS),
+    )
     ap.add_argument("--report-only", action="store_true", help="rewrite the report of a finished run, run nothing")
     ap.add_argument("--profile", choices=sorted(PROFILES), default=None, help="budgets (default full; --quick: quick)")
     ap.add_argument("--warm-start", type=Path, default=None, help="reuse this main_sft checkpoint instead of training")
@@ -408,6 +537,9 @@ def main() -> None:
     out = (args.out or REPO / ("runs/learning_bench_quick" if args.quick else "runs/learning_bench")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     rows = set(args.rows.split(","))
+    unknown = rows - {r for r, _ in ROWS}
+    if unknown:
+        ap.error(f"--rows: unknown row(s) {', '.join(sorted(unknown))}; choose from {', '.join(r for r, _ in ROWS)}")
     started = time.time()
     if args.report_only:
         previous = json.loads((out / "results.json").read_text())
@@ -426,28 +558,30 @@ def main() -> None:
                 RetrieverProcess(log_path=out / "logs" / "retriever.log", ready_timeout_s=1800)
             )
             url = server.url + "/retrieve"
-        bench = Bench(out, url, budget, args.sft_override, args.rl_override)
+        bench = Bench(out, url, budget, args.sft_override, args.rl_override, args.rft_override)
         bench.warm_start = args.warm_start.resolve() if args.warm_start else None
         try:
             for row, baseline in (("base", "search"), ("closed_book", "no_search"), ("naive_rag", "naive_rag")):
                 if row in rows:
                     bench.evaluate(row, args.model, baseline)
-            if rows & {"sft", "grpo", "ppo"}:
+            if rows & {"sft", "grpo", "ppo", "rft"}:
                 sft = bench.train_sft()
                 if "sft" in rows:
                     bench.evaluate("sft", str(sft), "search")
                 for algorithm in ("grpo", "ppo"):
                     if algorithm in rows:
                         bench.evaluate(algorithm, str(bench.train_rl(algorithm, sft)), "search")
+                if "rft" in rows:
+                    bench.evaluate("rft", str(bench.train_rft(sft)), "search")
         finally:
             write_report(bench, started)
     print((out / "results.md").read_text().split("\n## ")[0])
     em = {
         row: bench.results[row]["eval/all/em"]
-        for row in ("base", "naive_rag", "sft", "grpo", "ppo")
+        for row in ("base", "naive_rag", "sft", "grpo", "ppo", "rft")
         if row in bench.results
     }
-    names = {"base": "base", "naive_rag": "rag", "sft": "sft", "grpo": "grpo", "ppo": "ppo"}
+    names = {"base": "base", "naive_rag": "rag", "sft": "sft", "grpo": "grpo", "ppo": "ppo", "rft": "rft"}
     print("learning_bench " + " ".join(f"{names[k]}={v:.3f}" for k, v in em.items()))
 
 

@@ -184,8 +184,8 @@ def read_records(folder: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser (also used by bench/learning_bench.py's tests to check the arguments it writes)."""
     ap = argparse.ArgumentParser(
         prog="python -m search_rl.tools.rft_rows",
         description=__doc__,
@@ -205,6 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--without-think", action="store_true", help="leave out trajectories with a <think> turn")
     ap.add_argument("--mix", type=Path, help="an SFT parquet to append as many rows from (seeded sample)")
     ap.add_argument("--mix-seed", type=int, default=0, help="seed of the --mix sample (default 0)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.max_per_question < 1:
         ap.error("--max-per-question must be >= 1")

@@ -67,3 +67,53 @@ def test_a_command_line_override_wins_over_the_profile(bench: ModuleType, tmp_pa
     )
     grpo = load_config(b.rl_command("grpo", tmp_path / "start", tmp_path / "grpo"))
     assert grpo.actor_rollout_ref.actor.optim.lr == pytest.approx(3e-5)
+
+
+@pytest.mark.parametrize("profile", ["quick", "recipe"])
+def test_the_rft_row_samples_train_and_fine_tunes_the_warm_start_at_its_own_rate(
+    bench: ModuleType, profile: str, tmp_path: Path
+) -> None:
+    """Sampling reads training questions (never test) from the warm start; the fine-tune starts from it at RFT's
+    learning rate, validating and keeping a checkpoint at the same steps so one can be chosen."""
+    budget = bench.PROFILES[profile]
+    b = bench.Bench(tmp_path, "http://127.0.0.1:8000/retrieve", budget)
+    start = tmp_path / "sft" / "global_step_12"
+    sample = load_config(b.rft_sample_command(start, tmp_path / "rft_data" / "samples"), config_name="eval")
+    assert sample.data.files == [bench.TRAIN_FILE]
+    assert (sample.n_samples, sample.data.max_samples) == (budget.rft_samples, budget.rft_questions)
+    assert sample.model.path == str(start)
+    assert sample.actor_rollout_ref.rollout.max_obs_tokens == budget.max_obs_tokens
+    command = b.rft_sft_command(start, tmp_path / "rft_data" / "rows.parquet", tmp_path / "rft")
+    keys = [o.partition("=")[0] for o in command]
+    assert len(keys) == len(set(keys)), keys
+    sft = load_config(command, config_name="sft_trainer")
+    assert sft.model.path == str(start)
+    assert sft.data.train_files == [str(tmp_path / "rft_data" / "rows.parquet")]
+    assert sft.actor_rollout_ref.actor.optim.lr == pytest.approx(2e-5)  # not the warm start's 1e-4 (recipe)
+    assert sft.trainer.total_training_steps == budget.rft_steps
+    assert sft.trainer.save_freq == sft.trainer.test_freq == budget.rft_val_every
+    assert sft.trainer.val_before_train is True
+    assert sft.trainer.max_ckpt_to_keep >= budget.rft_steps // budget.rft_val_every
+
+
+def test_the_rft_rows_arguments_parse_under_the_tool_and_name_real_files(bench: ModuleType, tmp_path: Path) -> None:
+    from search_rl.tools import rft_rows
+
+    b = bench.Bench(tmp_path, "http://127.0.0.1:8000/retrieve", bench.RECIPE)
+    args = rft_rows.build_parser().parse_args(b.rft_rows_command(tmp_path / "rft_data"))
+    assert args.records == [tmp_path / "rft_data" / "samples"]
+    assert args.output == tmp_path / "rft_data" / "rows.parquet"
+    assert (args.max_per_question, args.without_think) == (2, True)
+    for shipped in (args.questions, args.mix, args.corpus):  # relative to the repository, where the bench runs them
+        assert (REPO / shipped).is_file(), shipped
+
+
+def test_an_unknown_row_is_refused_by_name(bench: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = sys.argv
+    sys.argv = ["learning_bench.py", "--rows", "sft,rtf", "--retriever-url", "http://127.0.0.1:9/retrieve"]
+    try:
+        with pytest.raises(SystemExit):
+            bench.main()
+    finally:
+        sys.argv = argv
+    assert "unknown row(s) rtf" in capsys.readouterr().err
