@@ -18,6 +18,7 @@ seconds per step by phase, example trajectories), and the training curves as PNG
     python bench/learning_bench.py --profile long --rows sft,grpo --warm-start runs/ws/sft/global_step_30
     python bench/learning_bench.py --profile recipe --rows naive_rag,sft,grpo   # the docs' 384-token recipe
     python bench/learning_bench.py --profile recipe --rows sft,rft --warm-start runs/sft/global_step_12
+    python bench/learning_bench.py --profile recipe --rows sft,rft --warm-start-rows runs/bare/sft_train.parquet
 
 Without ``--retriever-url`` it starts the default dense retriever (``uvicorn retriever_server.app:app``) itself.
 Last line: ``learning_bench base=<em> rag=<em> sft=<em> grpo=<em> ppo=<em> rft=<em>`` (EM over the evaluated
@@ -162,6 +163,8 @@ class Bench:
     results: dict[str, dict[str, float]] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     warm_start: Path | None = None
+    warm_start_rows: str = WARM_START_FILE
+    """The warm start's trajectories: the ``sft`` row trains on them and the ``rft`` row mixes them in."""
     chosen: dict[str, dict[str, object]] = field(default_factory=dict)
     """Per RL row chosen on validation: ``{"step", "val_em": {step: em}}``."""
 
@@ -228,6 +231,7 @@ class Bench:
                 "trainer.test_freq=0",
                 "trainer.resume=disable",
                 "trainer.logger=[console,jsonl]",
+                f"data.train_files=[{self.warm_start_rows}]",
                 f"data.train_batch_size={b.sft_batch}",
                 *self.shared(),
             ],
@@ -288,7 +292,7 @@ class Bench:
             str(self.budget.rft_max_per_question),
             "--without-think",
             "--mix",
-            WARM_START_FILE,
+            self.warm_start_rows,
             "--output",
             str(data / "rows.parquet"),
         ]
@@ -449,6 +453,7 @@ def write_report(bench: Bench, started: float) -> None:
     payload = {
         "budget": vars(bench.budget),
         "retriever": bench.url,
+        "warm_start_rows": bench.warm_start_rows,
         "results": bench.results,
         "seconds_per_step": timings,
         "wall_seconds": {**bench.seconds, "total": time.time() - started},
@@ -524,6 +529,13 @@ def main() -> None:
     ap.add_argument("--report-only", action="store_true", help="rewrite the report of a finished run, run nothing")
     ap.add_argument("--profile", choices=sorted(PROFILES), default=None, help="budgets (default full; --quick: quick)")
     ap.add_argument("--warm-start", type=Path, default=None, help="reuse this main_sft checkpoint instead of training")
+    ap.add_argument(
+        "--warm-start-rows",
+        type=Path,
+        default=None,
+        help=f"the warm start's trajectories (python -m data_prep.synth_sft; default {WARM_START_FILE}): the sft row "
+        "trains on them, the rft row mixes them in",
+    )
     ap.add_argument("--rl-steps", type=int, default=None, help="RL steps (default: the profile's)")
     ap.add_argument(
         "--val-every", type=int, default=None, help="validate every N RL steps, score the best (default: profile's)"
@@ -540,6 +552,8 @@ def main() -> None:
     unknown = rows - {r for r, _ in ROWS}
     if unknown:
         ap.error(f"--rows: unknown row(s) {', '.join(sorted(unknown))}; choose from {', '.join(r for r, _ in ROWS)}")
+    if args.warm_start_rows is not None and not args.warm_start_rows.is_file():
+        ap.error(f"--warm-start-rows: no file {args.warm_start_rows}")
     started = time.time()
     if args.report_only:
         previous = json.loads((out / "results.json").read_text())
@@ -560,6 +574,8 @@ def main() -> None:
             url = server.url + "/retrieve"
         bench = Bench(out, url, budget, args.sft_override, args.rl_override, args.rft_override)
         bench.warm_start = args.warm_start.resolve() if args.warm_start else None
+        if args.warm_start_rows is not None:
+            bench.warm_start_rows = str(args.warm_start_rows.resolve())
         try:
             for row, baseline in (("base", "search"), ("closed_book", "no_search"), ("naive_rag", "naive_rag")):
                 if row in rows:

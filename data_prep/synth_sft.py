@@ -8,7 +8,7 @@ text supports. Usage::
     python -m data_prep.synth_sft --url http://127.0.0.1:8000/retrieve \\
         --input data/datasets/nq_hotpotqa_mini/train.parquet \\
         --output data/datasets/nq_hotpotqa_mini/sft_train.parquet [--topk 3] [--seed 0] [--max-rows N] \\
-        [--max-searches 2]
+        [--max-searches 2] [--no-think-fraction 0.2]
 
 Output: the input rows that got a supported answer, every input column unchanged, plus ``trajectory`` (turns
 ``{"text", "passages": [{"id", "title", "text"}]}``; passages empty on the final turn) and ``sft`` (``variant``,
@@ -84,13 +84,13 @@ class _Row:
     dropped: str | None = None
 
 
-def _start(row: dict[str, Any], seed: int) -> _Row:
+def _start(row: dict[str, Any], seed: int, no_think_fraction: float) -> _Row:
     row_id, question = row["extra_info"]["id"], row["question"]
     targets = [g for g in row["reward_model"]["ground_truth"]["target"] if normalize_answer(g)]
     # A gold the question already contains would be in every query and trivially "found": never use it.
     golds = [g for g in targets if normalize_answer(g) not in UNSUPPORTABLE and not contains_phrase(question, g)]
     rng = random.Random(f"{seed}:{row_id}")
-    think, use_rewrite, entity_first = rng.random() >= NO_THINK_FRACTION, rng.random() < 0.5, rng.random() < 0.5
+    think, use_rewrite, entity_first = rng.random() >= no_think_fraction, rng.random() < 0.5, rng.random() < 0.5
     forms = [Search("question", question_query(question)), Search("rewrite", rewrite_query(question))]
     forms = [f for f in (forms[::-1] if use_rewrite else forms) if not has_gold(f.query, golds)]
     state = _Row(row, row_id, golds, rng, think, forms[0] if forms else None, entity_first)
@@ -154,17 +154,28 @@ class Report:
 
 
 def synthesise(
-    rows: Sequence[dict[str, Any]], search_fn: SearchFn, *, seed: int = 0, max_searches: int = 2
+    rows: Sequence[dict[str, Any]],
+    search_fn: SearchFn,
+    *,
+    seed: int = 0,
+    max_searches: int = 2,
+    no_think_fraction: float = NO_THINK_FRACTION,
 ) -> tuple[list[dict[str, Any]], Report]:
     """Kept rows (input columns + ``trajectory`` + ``sft``), in input order, and the counts.
 
+    ``no_think_fraction`` of the rows (by a per-row draw) write no ``<think>`` turns; the draw comes first, so rows
+    synthesised at any fraction have the same searches and answers and differ only in their thoughts.
+
     Raises:
-        ValueError: ``max_searches < 1``, or the retriever answered a batch with the wrong number of lists.
+        ValueError: ``max_searches < 1``, ``no_think_fraction`` outside [0, 1], or the retriever answered a batch
+            with the wrong number of lists.
         AssertionError: a synthesised row breaks an invariant (a bug; the message names the row).
     """
     if max_searches < 1:
         raise ValueError(f"max_searches must be >= 1, got {max_searches}")
-    states = [_start(r, seed) for r in rows]
+    if not 0.0 <= no_think_fraction <= 1.0:
+        raise ValueError(f"no_think_fraction must be in [0, 1], got {no_think_fraction}")
+    states = [_start(r, seed, no_think_fraction) for r in rows]
     for _ in range(max_searches):
         _search_round([s for s in states if s.dropped is None and s.support is None], search_fn)
     out, report = [], Report()
@@ -271,6 +282,7 @@ def build_manifest(args: argparse.Namespace, argv: Sequence[str], report: Report
         "topk": args.topk,
         "seed": args.seed,
         "max_searches": args.max_searches,
+        "no_think_fraction": args.no_think_fraction,
         "max_rows": args.max_rows,
         "rows_read": sum(report.read.values()),
         "rows_kept": sum(report.kept.values()),
@@ -294,15 +306,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the surface variants (default: 0)")
     ap.add_argument("--max-rows", type=int, default=None, help="read only the first N rows")
     ap.add_argument("--max-searches", type=int, default=2, help="most searches per trajectory (default: 2)")
+    ap.add_argument(
+        "--no-think-fraction",
+        type=float,
+        default=NO_THINK_FRACTION,
+        help=f"share of rows without <think> turns, 1.0 = none think (default: {NO_THINK_FRACTION})",
+    )
     args = ap.parse_args(argv)
     if args.topk < 1 or args.max_searches < 1 or (args.max_rows is not None and args.max_rows < 1):
         ap.error("--topk, --max-searches and --max-rows must be >= 1")
+    if not 0.0 <= args.no_think_fraction <= 1.0:
+        ap.error(f"--no-think-fraction must be in [0, 1], got {args.no_think_fraction}")
     from search_rl.agent.retriever_client import RetrieverError
 
     try:
         schema, rows = read_input(args.input, args.max_rows)
         search_fn, health = http_search_fn(args.url, args.topk)
-        out, report = synthesise(rows, search_fn, seed=args.seed, max_searches=args.max_searches)
+        out, report = synthesise(
+            rows, search_fn, seed=args.seed, max_searches=args.max_searches, no_think_fraction=args.no_think_fraction
+        )
     except (ValueError, RetrieverError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

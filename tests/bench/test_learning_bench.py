@@ -108,6 +108,34 @@ def test_the_rft_rows_arguments_parse_under_the_tool_and_name_real_files(bench: 
         assert (REPO / shipped).is_file(), shipped
 
 
+def test_other_warm_start_rows_train_the_warm_start_and_are_mixed_into_rft(bench: ModuleType, tmp_path: Path) -> None:
+    rows = tmp_path / "bare" / "sft_train.parquet"
+    b = bench.Bench(tmp_path, "http://127.0.0.1:8000/retrieve", bench.RECIPE, warm_start_rows=str(rows))
+    sft = load_config(b.sft_command(tmp_path / "sft"), config_name="sft_trainer")
+    assert sft.data.train_files == [str(rows)]
+    from search_rl.tools import rft_rows
+
+    assert rft_rows.build_parser().parse_args(b.rft_rows_command(tmp_path / "rft_data")).mix == rows
+    default = bench.Bench(tmp_path, "http://127.0.0.1:8000/retrieve", bench.RECIPE)
+    assert load_config(default.sft_command(tmp_path / "sft"), config_name="sft_trainer").data.train_files == [
+        bench.WARM_START_FILE
+    ]
+
+
+def test_missing_warm_start_rows_are_refused_by_name(
+    bench: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = sys.argv
+    missing = tmp_path / "nope.parquet"
+    sys.argv = ["learning_bench.py", "--rows", "sft", "--warm-start-rows", str(missing), "--out", str(tmp_path)]
+    try:
+        with pytest.raises(SystemExit):
+            bench.main()
+    finally:
+        sys.argv = argv
+    assert f"--warm-start-rows: no file {missing}" in capsys.readouterr().err
+
+
 def test_an_unknown_row_is_refused_by_name(bench: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
     argv = sys.argv
     sys.argv = ["learning_bench.py", "--rows", "sft,rtf", "--retriever-url", "http://127.0.0.1:9/retrieve"]

@@ -176,3 +176,33 @@ def test_max_searches_bounds_the_searches(retriever_url: str, input_file: Path) 
     two, _ = synthesise(rows, search_fn, max_searches=2)
     assert one and all(r["sft"]["num_searches"] == 1 for r in one) and len(one) < len(two)
     assert set(report.searches) == {1}
+
+
+@pytest.mark.integration
+def test_no_think_fraction_changes_only_the_thoughts(
+    synthesised: tuple[Path, dict], retriever_url: str, input_file: Path, tmp_path: Path
+) -> None:
+    """At 1.0 no row thinks and every row has the default run's searches, passages and answer, thoughts stripped;
+    at 0.0 every model turn opens with a thought."""
+    out, _ = synthesised
+    default = pq.read_table(out).to_pylist()
+    assert {r["sft"]["variant"].endswith("/think") for r in default} == {True, False}  # the default mixes both
+    bare_manifest = _run(retriever_url, input_file, tmp_path / "bare.parquet", "--no-think-fraction", "1.0")
+    bare = pq.read_table(tmp_path / "bare.parquet").to_pylist()
+    assert bare_manifest["no_think_fraction"] == 1.0
+    assert [r["extra_info"]["id"] for r in bare] == [r["extra_info"]["id"] for r in default]
+    for d, b in zip(default, bare, strict=True):
+        stripped = [t["text"].split("</think>\n")[-1] for t in d["trajectory"]]
+        assert [t["text"] for t in b["trajectory"]] == stripped
+        assert [t["passages"] for t in b["trajectory"]] == [t["passages"] for t in d["trajectory"]]
+        assert b["sft"]["variant"].endswith("/bare")
+    _run(retriever_url, input_file, tmp_path / "think.parquet", "--no-think-fraction", "0")
+    think = pq.read_table(tmp_path / "think.parquet").to_pylist()
+    assert all(t["text"].startswith("<think>") for r in think for t in r["trajectory"])
+
+
+def test_a_no_think_fraction_outside_0_1_is_refused(input_file: Path, tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        main(["--input", str(input_file), "--output", str(tmp_path / "x.parquet"), "--no-think-fraction", "1.5"])
+    with pytest.raises(ValueError, match="no_think_fraction must be in"):
+        synthesise([], lambda queries: [], no_think_fraction=-0.1)
