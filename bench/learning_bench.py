@@ -559,6 +559,11 @@ def main() -> None:
         previous = json.loads((out / "results.json").read_text())
         bench = Bench(out, previous["retriever"], budget, commands=previous["commands"])
         bench.results, bench.seconds = previous["results"], previous["wall_seconds"]
+        bench.warm_start_rows = previous.get("warm_start_rows", WARM_START_FILE)
+        bench.chosen = {  # JSON made the steps strings
+            row: {"step": c["step"], "val_em": {int(k): v for k, v in c["val_em"].items()}}
+            for row, c in previous.get("chosen_on_validation", {}).items()
+        }
         started = time.time() - bench.seconds.pop("total")
         write_report(bench, started)
         print((out / "results.md").read_text().split("\n## ")[0])

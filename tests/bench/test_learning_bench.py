@@ -136,6 +136,32 @@ def test_missing_warm_start_rows_are_refused_by_name(
     assert f"--warm-start-rows: no file {missing}" in capsys.readouterr().err
 
 
+def test_report_only_keeps_the_chosen_steps_and_warm_start_rows(bench: ModuleType, tmp_path: Path) -> None:
+    """Rewriting a finished run's report keeps what validation chose (steps in numeric order) and its rows file."""
+    import json
+
+    previous = {
+        "retriever": "http://127.0.0.1:8000/retrieve",
+        "warm_start_rows": "runs/bare/sft_train.parquet",
+        "results": {},
+        "wall_seconds": {"sft": 1.0, "total": 2.0},
+        "commands": ["python -m search_rl.main_sft"],
+        "chosen_on_validation": {"rft": {"step": 8, "val_em": {"0": 0.27, "16": 0.28, "4": 0.26, "8": 0.29}}},
+    }
+    (tmp_path / "results.json").write_text(json.dumps(previous))
+    argv = sys.argv
+    sys.argv = ["learning_bench.py", "--report-only", "--out", str(tmp_path)]
+    try:
+        bench.main()
+    finally:
+        sys.argv = argv
+    rewritten = json.loads((tmp_path / "results.json").read_text())
+    assert rewritten["warm_start_rows"] == "runs/bare/sft_train.parquet"
+    assert rewritten["chosen_on_validation"]["rft"]["step"] == 8
+    report = (tmp_path / "results.md").read_text()
+    assert "scored at step 8, chosen on validation EM by step (0: 0.270, 4: 0.260, 8: 0.290, 16: 0.280)" in report
+
+
 def test_an_unknown_row_is_refused_by_name(bench: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
     argv = sys.argv
     sys.argv = ["learning_bench.py", "--rows", "sft,rtf", "--retriever-url", "http://127.0.0.1:9/retrieve"]
