@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -138,8 +139,6 @@ def test_missing_warm_start_rows_are_refused_by_name(
 
 def test_report_only_keeps_the_chosen_steps_and_warm_start_rows(bench: ModuleType, tmp_path: Path) -> None:
     """Rewriting a finished run's report keeps what validation chose (steps in numeric order) and its rows file."""
-    import json
-
     previous = {
         "retriever": "http://127.0.0.1:8000/retrieve",
         "warm_start_rows": "runs/bare/sft_train.parquet",
