@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import random
 import statistics
@@ -154,7 +153,9 @@ def simulate(sched: Schedule, rollout: list[float], learn_s: float, steps: int) 
 
 def phases_from(path: Path) -> dict[str, float]:
     """Mean phase seconds of steps 2.. of a run's ``metrics.jsonl``."""
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    from search_rl.tracking.jsonl import read_jsonl
+
+    rows = read_jsonl(path)
     rows = [r for r in rows if r.get("step", 0) >= 2] or rows
     return {p: statistics.fmean(r.get(f"timing/{p}_s", 0.0) for r in rows) for p in LEARNING_MD_GRPO}
 

@@ -15,9 +15,10 @@ Last line: the chosen checkpoint's folder (``RUN_DIR/global_step_N``), so a scri
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
+
+from search_rl.tracking.jsonl import iter_jsonl
 
 DEFAULT_METRIC = "val/all/em"
 
@@ -33,13 +34,7 @@ def validation_scores(run_dir: Path, metric: str = DEFAULT_METRIC) -> dict[int, 
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: was the run logged with trainer.logger=[...,jsonl]?")
     scores: dict[int, float] = {}
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{number}: not JSON ({e.msg})") from None
+    for number, row in iter_jsonl(path):
         if not isinstance(row, dict) or not isinstance(row.get("step"), int):
             raise ValueError(f"{path}:{number}: expected an object with an integer 'step'")
         if metric in row:

@@ -18,6 +18,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from search_rl.tracking.jsonl import iter_jsonl
+
 COLUMNS = (
     ("EM", "eval/all/em"),
     ("F1", "eval/all/f1"),
@@ -81,10 +83,7 @@ def load_eval(name: str, folder: Path) -> EvalRun:
         )
     em: dict[str, float] = {}
     path = run / "trajectories.jsonl"
-    for line_no, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        record = json.loads(line)
+    for line_no, record in iter_jsonl(path):
         try:
             uid, score = str(record["uid"]), float(record["reward_components"]["em"])
         except (KeyError, TypeError) as e:

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import httpx
 
+from search_rl.tracking.jsonl import read_jsonl
+
 logger = logging.getLogger(__name__)
 
 PACKAGES = (
@@ -193,7 +195,7 @@ def load_eval_metrics(path: Path) -> dict[str, float]:
         return {k: v for k, v in json.loads(path.read_text()).items() if isinstance(v, int | float)}
     jsonl = path / "metrics.jsonl" if path.is_dir() else path
     if jsonl.is_file():
-        records = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
+        records = read_jsonl(jsonl)
         val = [r for r in records if "val/all/n" in r]
         if val:
             return {k: v for k, v in val[-1].items() if isinstance(v, int | float)}
@@ -250,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.eval is not None:
         try:
             metrics = load_eval_metrics(args.eval)
-        except (FileNotFoundError, json.JSONDecodeError) as e:
+        except (FileNotFoundError, ValueError) as e:
             logger.error("%s", e)
             return 2
         body = "\n".join(["# search-rl evaluation breakdown", "", f"`{args.eval}`", "", *eval_breakdown(metrics)])

@@ -10,7 +10,6 @@ validation) are skipped. Uses matplotlib's Agg backend: no display needed.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import re
 import sys
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from search_rl.logging_setup import MESSAGE_FORMAT, configure_logging
+from search_rl.tracking.jsonl import read_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -88,10 +88,7 @@ def read_metrics(path: Path) -> Series:
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: plots need trainer.logger to include jsonl")
     series: Series = {}
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        record = json.loads(line)
+    for record in read_jsonl(path):
         step = int(record.pop("step"))
         for key, value in record.items():
             if isinstance(value, int | float):

@@ -37,6 +37,7 @@ from retriever_server.corpus import load_corpus, split_contents
 from search_rl.sft.trajectories import contains_answer, parse_turns
 from search_rl.tags import THINK_OPEN
 from search_rl.tools.compare_evals import run_folder
+from search_rl.tracking.jsonl import read_jsonl
 
 SKIP_REASONS = (
     "not_exact",
@@ -180,8 +181,7 @@ def mix_rows(path: Path, count: int, seed: int, columns: list[str], taken: set[s
 
 def read_records(folder: Path) -> list[dict[str, Any]]:
     """The records of a ``main_eval`` run folder (or the newest run in ``folder``)."""
-    path = run_folder(folder) / "trajectories.jsonl"
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return read_jsonl(run_folder(folder) / "trajectories.jsonl")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,7 +12,6 @@ is in docs/training.md ("Metrics and rollout dumps"); the viewer needs no tokeni
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import re
 import sys
@@ -28,6 +27,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Footer, Header, Input, Select, Static
 
 from search_rl.logging_setup import MESSAGE_FORMAT, configure_logging
+from search_rl.tracking.jsonl import read_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -68,11 +68,9 @@ def dump_files(target: Path) -> list[Path]:
 
 def load_records(target: Path) -> list[dict[str, Any]]:
     """Every record of every dump file, each with ``_file`` set to the file it came from."""
-    records = []
+    records: list[dict[str, Any]] = []
     for path in dump_files(target):
-        for line in path.read_text().splitlines():
-            if line.strip():
-                records.append({**json.loads(line), "_file": path.name})
+        records.extend({**record, "_file": path.name} for record in read_jsonl(path))
     return records
 
 

@@ -170,7 +170,7 @@ def write_records(
 ) -> None:
     """Write the records of a batch to ``path`` (replacing it)."""
     samples = sample_indices(prompts.uids)
-    with path.open("w") as f:
+    with path.open("w", encoding="utf-8") as f:
         for i, (traj, result) in enumerate(zip(trajectories, results, strict=True)):
             record = trajectory_record(
                 traj,

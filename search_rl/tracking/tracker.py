@@ -21,6 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
+from search_rl.tracking.jsonl import jsonl_lines
+
 logger = logging.getLogger(__name__)
 
 CONSOLE_KEYS = (
@@ -89,18 +91,15 @@ class JsonlSink:
         if not self.path.exists():
             return
         kept = []
-        for number, line in enumerate(self.path.read_text().splitlines(), start=1):
+        for number, line in jsonl_lines(self.path):
             record = _parse_record(line)
             if record is None:
-                if line.strip():
-                    logger.warning(
-                        "%s line %d is not a metrics record (cut off by a crash?); dropped", self.path, number
-                    )
+                logger.warning("%s line %d is not a metrics record (cut off by a crash?); dropped", self.path, number)
                 continue
             if record["step"] <= step:
                 kept.append(line)
         tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
         tmp.replace(self.path)
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:

@@ -18,7 +18,6 @@ Run: python -m pytest tests/search_rl/test_async_training.py -q   (about 3-4 min
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
@@ -31,6 +30,7 @@ from checksum_reward import CHECKSUM_REWARD
 from search_rl.async_rollout import GeneratorFailure
 from search_rl.config import load_config
 from search_rl.main_ppo import build_rollout_source, build_trainer, build_workers, prepare, run
+from search_rl.tracking.jsonl import read_jsonl
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.integration]
 
@@ -76,9 +76,7 @@ def _quiet(metrics: dict[str, float]) -> dict[str, float]:
 
 
 def _dumped(run_dir: Path, step: int) -> list[dict]:
-    return [
-        json.loads(line) for line in (run_dir / "rollouts" / f"train_step_{step:06d}.jsonl").read_text().splitlines()
-    ]
+    return read_jsonl(run_dir / "rollouts" / f"train_step_{step:06d}.jsonl")
 
 
 def _sampled(records: list[dict]) -> list[tuple[str, str]]:

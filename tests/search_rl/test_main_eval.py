@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from search_rl.main_eval import evaluate, load_eval_config
+from search_rl.tracking.jsonl import read_jsonl
 
 pytestmark = pytest.mark.integration
 
@@ -54,7 +55,7 @@ def test_evaluate_each_baseline(baseline, retriever_url, tmp_path):
         result.metrics
     )
     assert any(k.startswith("eval/nq/") or k.startswith("eval/hotpotqa/") for k in result.metrics)
-    records = [json.loads(x) for x in (result.output_dir / "trajectories.jsonl").read_text().splitlines()]
+    records = read_jsonl(result.output_dir / "trajectories.jsonl")
     assert len(records) == 3 and all(r["kind"] == "eval" and r["gold"] for r in records)
     prompt = records[0]["prompt"]
     assert ("Passages:\nDoc 1(Title:" in prompt) == (baseline == "naive_rag")
@@ -77,7 +78,7 @@ def test_sampled_evaluation_reports_mean_em_and_pass_at_k(retriever_url, tmp_pat
     result = evaluate(load_eval_config(overrides))
     match = re.match(r"^eval n=3 em=([\d.]+) subem=[\d.]+ f1=[\d.]+ samples=3 pass@3=([\d.]+)$", result.summary)
     assert match, result.summary
-    records = [json.loads(x) for x in (result.output_dir / "trajectories.jsonl").read_text().splitlines()]
+    records = read_jsonl(result.output_dir / "trajectories.jsonl")
     assert len(records) == 9
     by_question: dict[str, list[dict]] = {}
     for r in records:
@@ -93,7 +94,7 @@ def test_sampled_evaluation_reports_mean_em_and_pass_at_k(retriever_url, tmp_pat
     assert saved["eval/all/pass@3"] == pytest.approx(sum(solved) / 3)
     # the same seed gives the same samples
     again = evaluate(load_eval_config(overrides))
-    again_records = [json.loads(x) for x in (again.output_dir / "trajectories.jsonl").read_text().splitlines()]
+    again_records = read_jsonl(again.output_dir / "trajectories.jsonl")
     assert [r["response"] for r in again_records] == [r["response"] for r in records]
 
 

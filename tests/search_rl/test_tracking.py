@@ -14,6 +14,7 @@ import torch
 from search_rl.datatypes import RewardResult, Segment, Trajectory, TrajectoryStats
 from search_rl.protocol import PromptBatch
 from search_rl.tracking import RolloutDumper, build_tracker, timer
+from search_rl.tracking.jsonl import iter_jsonl, read_jsonl
 
 
 def test_jsonl_history_and_rewind(tmp_path):
@@ -49,7 +50,7 @@ def test_timer_accumulates():
 def test_rollout_dump_records(tmp_path, tokenizer):
     prompt = tokenizer.encode("Question?", add_special_tokens=False)
     model, obs = tokenizer.encode("<search> x </search>"), tokenizer.encode("<information>Doc</information>")
-    answer = tokenizer.encode("<answer> y </answer>")
+    answer = tokenizer.encode("<answer> y\u2028z </answer>")  # model text may hold a Unicode line separator
     ids = model + obs + answer
     mask = [1] * len(model) + [0] * len(obs) + [1] * len(answer)
     a, b = len(model), len(model) + len(obs)
@@ -61,7 +62,7 @@ def test_rollout_dump_records(tmp_path, tokenizer):
         segments=(
             Segment("model", 0, a, "<search> x </search>"),
             Segment("observation", a, b, "<information>Doc"),
-            Segment("model", b, len(ids), "<answer> y </answer>"),
+            Segment("model", b, len(ids), "<answer> y\u2028z </answer>"),
         ),
         final_answer="y",
         stop_reason="answer",
@@ -78,7 +79,9 @@ def test_rollout_dump_records(tmp_path, tokenizer):
         weight_version=2,
     )
     assert path.name == "train_step_000003.jsonl"
-    records = [json.loads(x) for x in path.read_text().splitlines()]
+    assert len(path.read_text(encoding="utf-8").splitlines()) > 2  # written raw: str.splitlines() would cut records
+    records = read_jsonl(path)
+    assert len(records) == 2 and records[0]["segments"][-1]["text"] == "<answer> y\u2028z </answer>"
     first = records[0]
     assert [r["sample"] for r in records] == [0, 1]
     assert first["mask_spans"] == [[0, a], [b, len(ids)]]
@@ -103,3 +106,13 @@ def test_rewind_drops_a_line_cut_off_by_a_crash(tmp_path, caplog):
         build_tracker(["jsonl"], tmp_path, 5, "p", "e", {}).rewind(3)
     assert "metrics.jsonl line 3 is not a metrics record" in caplog.text
     assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [1, 2]
+
+
+def test_jsonl_reader_splits_records_on_newlines_only(tmp_path):
+    records = [{"text": f"a{sep}b"} for sep in ("\u2028", "\u2029", "\x85", "\x1c", "\x0b", "\x0c", "\r")]
+    path = tmp_path / "records.jsonl"
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records) + "\n", encoding="utf-8")
+    assert read_jsonl(path) == records
+    path.write_text('{"step": 1}\n\n{"step": 2\n', encoding="utf-8")  # a blank line, then a torn record
+    with pytest.raises(ValueError, match=r"records\.jsonl:3: not valid JSON"):
+        list(iter_jsonl(path))

@@ -25,6 +25,7 @@ from checksum_reward import CHECKSUM_REWARD
 from search_rl.config import ConfigError, load_config
 from search_rl.main_ppo import build_trainer, build_workers, prepare, run
 from search_rl.models import build_tiny_model, load_model
+from search_rl.tracking.jsonl import read_jsonl
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.integration]
 
@@ -120,7 +121,7 @@ def test_ppo_with_critic_trains_on_two_workers(ppo_run, tokenizer):
         "val_step_000002.jsonl",
         "val_step_000003.jsonl",
     ]
-    record = json.loads((run_dir / "rollouts" / "train_step_000002.jsonl").read_text().splitlines()[0])
+    record = read_jsonl(run_dir / "rollouts" / "train_step_000002.jsonl")[0]
     assert record["weight_version"] == 1 and record["mask_spans"] and record["advantage"] is not None
 
 

@@ -82,7 +82,7 @@ def test_bad_metrics_files_are_named_with_their_line(tmp_path: Path, capsys: pyt
     assert main([str(tmp_path)]) == 1
     assert "metrics.jsonl not found" in capsys.readouterr().err
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "val/all/em": 0.5}) + "\n{oops\n")
-    with pytest.raises(ValueError, match=r"metrics.jsonl:2: not JSON"):
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2: not valid JSON"):
         validation_scores(tmp_path)
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": "1", "val/all/em": 0.5}) + "\n")
     with pytest.raises(ValueError, match=r"metrics.jsonl:1: expected an object with an integer 'step'"):

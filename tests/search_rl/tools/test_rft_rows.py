@@ -33,6 +33,7 @@ from search_rl.reward import compute_reward
 from search_rl.sft.data import SFTDataset
 from search_rl.sft.trajectories import contains_answer
 from search_rl.tools.rft_rows import main, skip_reason
+from search_rl.tracking.jsonl import read_jsonl
 from search_rl.tracking.rollout_dump import trajectory_record
 
 pytestmark = pytest.mark.integration
@@ -107,7 +108,7 @@ def test_right_samples_become_rows_that_replay_the_rollout(sampled, tokenizer, t
 
 def test_cap_per_question_and_bad_records(sampled, tokenizer, tmp_path, capsys):
     questions, run, _ = sampled
-    lines = [json.loads(x) for x in (run / "trajectories.jsonl").read_text().splitlines()]
+    lines = read_jsonl(run / "trajectories.jsonl")
     other = copy.deepcopy(lines[0])
     other["segments"][-1]["text"] = other["segments"][-1]["text"].replace("<answer>", "<answer> ")
     (run / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*lines, other]))
@@ -146,20 +147,22 @@ def test_cap_per_question_and_bad_records(sampled, tokenizer, tmp_path, capsys):
 
 def test_pooled_runs_and_rows_without_think(sampled, tmp_path):
     questions, run, _ = sampled
-    lines = [json.loads(x) for x in (run / "trajectories.jsonl").read_text().splitlines()]
+    lines = read_jsonl(run / "trajectories.jsonl")
     thinking = copy.deepcopy(lines[0])
-    thinking["segments"][0]["text"] = "<think> I should look this up. </think>\n" + thinking["segments"][0]["text"]
+    # a sampled thought with a Unicode line separator, written raw as main_eval writes it: one record, not two
+    thinking["segments"][0]["text"] = "<think> I should\u2028look this up. </think>\n" + thinking["segments"][0]["text"]
     second = tmp_path / "eval2"
     second.mkdir()
     (second / "metrics.json").write_text("{}")
-    (second / "trajectories.jsonl").write_text(json.dumps(thinking) + "\n")
+    (second / "trajectories.jsonl").write_text(json.dumps(thinking, ensure_ascii=False) + "\n", encoding="utf-8")
     out = tmp_path / "rft.parquet"
     rest = ["--questions", str(questions), "--corpus", str(SHIPPED_CORPUS), "--output", str(out)]
 
     assert main(["--records", str(run), "--records", str(second), *rest]) == 0  # both runs are read
     manifest = json.loads((tmp_path / "rft.manifest.json").read_text())
     assert manifest["records_read"] == 5 and manifest["rows_kept"] == 2
-    assert any("<think>" in t["text"] for r in pq.read_table(out).to_pylist() for t in r["trajectory"])
+    texts = [t["text"] for r in pq.read_table(out).to_pylist() for t in r["trajectory"]]
+    assert any("<think> I should\u2028look" in t for t in texts)
 
     # the thinking record comes first and the cap is 1: leaving it out must not use up the question's one row
     argv = ["--records", str(second), "--records", str(run), *rest, "--max-per-question", "1", "--without-think"]
