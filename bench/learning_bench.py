@@ -262,7 +262,12 @@ class Bench:
         (``rft_rows``, passages looked up in the shipped corpus: the retriever must serve it), fine-tune ``start`` on
         them; the checkpoint chosen on validation."""
         data = self.out / "rft_data"
-        self.run("rft_samples", "search_rl.main_eval", self.rft_sample_command(start, data / "samples"))
+        b = self.budget
+        reused = finished_samples(data / "samples", start, b.rft_questions, b.rft_samples)
+        if reused is None:
+            self.run("rft_samples", "search_rl.main_eval", self.rft_sample_command(start, data / "samples"))
+        else:  # an earlier run of this folder sampled them (a later phase failed): ~30 min not spent again
+            print(f"[{time.strftime('%H:%M:%S')}] rft_samples: reusing the finished samples in {reused}", flush=True)
         self.run("rft_rows", "search_rl.tools.rft_rows", self.rft_rows_command(data))
         run_dir = self.out / "rft"
         self.run("rft", "search_rl.main_sft", self.rft_sft_command(start, data / "rows.parquet", run_dir))
@@ -358,9 +363,22 @@ class Bench:
         )
 
 
+def finished_samples(folder: Path, model: Path, questions: int, samples: int) -> Path | None:
+    """The newest finished ``main_eval`` run in ``folder`` that sampled ``questions`` x ``samples`` from ``model``
+    (its ``metrics.json`` is written last, so a run cut off midway does not count), or None."""
+    for metrics_file in sorted(folder.glob("*/metrics.json"), reverse=True):
+        metrics = json.loads(metrics_file.read_text())
+        same = metrics.get("model") == str(model) and metrics.get("n_samples") == samples
+        if same and metrics.get("eval/all/n") == questions * samples:
+            return metrics_file.parent
+    return None
+
+
 def phase_seconds(run_dir: Path) -> dict[str, float]:
     """Mean seconds per step of each ``timing/*`` phase over a run's ``metrics.jsonl`` (first step left out)."""
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    from search_rl.tracking.jsonl import read_jsonl
+
+    lines = read_jsonl(run_dir / "metrics.jsonl")
     rows = lines[1:] or lines
     keys = sorted({k for r in rows for k in r if k.startswith("timing/")})
     return {k.removeprefix("timing/"): sum(r.get(k, 0.0) for r in rows) / len(rows) for k in keys}
@@ -368,8 +386,10 @@ def phase_seconds(run_dir: Path) -> dict[str, float]:
 
 def examples(folder: Path, n: int = 3) -> list[dict[str, object]]:
     """The first ``n`` evaluated trajectories that searched (or any, if none did), from ``trajectories.jsonl``."""
+    from search_rl.tracking.jsonl import read_jsonl
+
     (path,) = sorted(folder.glob("*/trajectories.jsonl"))[-1:]
-    records = [json.loads(x) for x in path.read_text().splitlines()]
+    records = read_jsonl(path)
     searched = [r for r in records if r["stats"]["searches"] > 0]
     picked = (searched or records)[:n]
     return [
@@ -382,9 +402,10 @@ def lenient_subem(folder: Path) -> float:
     """Share of questions with a gold answer anywhere in the model's own text (every model turn, tags or not;
     never the inserted passages): credits an untrained model that answers in a sentence, as the issue measured."""
     from search_rl.reward import sub_exact_match
+    from search_rl.tracking.jsonl import read_jsonl
 
     (path,) = sorted(folder.glob("*/trajectories.jsonl"))[-1:]
-    records = [json.loads(x) for x in path.read_text().splitlines()]
+    records = read_jsonl(path)
     hits = [
         sub_exact_match(" ".join(s["text"] for s in r["segments"] if s["kind"] == "model"), r["gold"]) for r in records
     ]

@@ -170,3 +170,28 @@ def test_an_unknown_row_is_refused_by_name(bench: ModuleType, capsys: pytest.Cap
     finally:
         sys.argv = argv
     assert "unknown row(s) rtf" in capsys.readouterr().err
+
+
+def test_finished_samples_of_the_same_warm_start_are_reused_and_nothing_else(bench: ModuleType, tmp_path: Path) -> None:
+    """A failure after sampling (e.g. in rft_rows) must not cost the ~30 min sampling again; a run cut off midway
+    (no metrics.json, written last), another model or another sample count is not reused."""
+    start = tmp_path / "warm" / "global_step_12"
+
+    def sample_run(name: str, model: Path, n_samples: int, n: float, finished: bool = True) -> Path:
+        folder = tmp_path / "samples" / name
+        folder.mkdir(parents=True)
+        (folder / "trajectories.jsonl").write_text("")
+        if finished:
+            metrics = {"model": str(model), "baseline": "search", "n_samples": n_samples, "eval/all/n": n}
+            (folder / "metrics.json").write_text(json.dumps(metrics))
+        return folder
+
+    assert bench.finished_samples(tmp_path / "samples", start, 512, 4) is None
+    sample_run("search-20261125-100000", start, 4, 2048.0)
+    sample_run("search-20261125-110000", tmp_path / "other", 4, 2048.0)
+    sample_run("search-20261125-120000", start, 8, 4096.0)
+    sample_run("search-20261125-130000", start, 4, 2048.0, finished=False)
+    assert bench.finished_samples(tmp_path / "samples", start, 512, 4).name == "search-20261125-100000"
+    assert bench.finished_samples(tmp_path / "samples", start, 256, 4) is None  # fewer questions asked for
+    newer = sample_run("search-20261125-140000", start, 4, 2048.0)
+    assert bench.finished_samples(tmp_path / "samples", start, 512, 4) == newer
