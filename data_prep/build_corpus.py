@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from retriever_server.corpus import open_text, split_contents
+from search_rl.tracking.jsonl import iter_jsonl
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "data" / "corpus" / "wiki_mini.jsonl.gz"
 
@@ -42,18 +43,6 @@ class Passage:
 def read_json(path: Path) -> Any:
     with open_text(path) as f:
         return json.load(f)
-
-
-def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield (line number, row) for each non-empty line; a malformed line raises naming file and line."""
-    with open_text(path) as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield lineno, json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
 
 
 def _nq_oracle(path: Path) -> Iterator[Passage]:

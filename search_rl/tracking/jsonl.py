@@ -1,7 +1,7 @@
-"""Reading the JSON-lines files the trainer writes: metrics, rollout dumps, evaluation trajectories.
+"""Reading JSON-lines files: the trainer's metrics, rollout dumps and evaluation trajectories, and raw QA/corpus files.
 
 The writers keep model text as it is (``ensure_ascii=False``), so a record may hold characters such as U+2028 that
-``str.splitlines()`` treats as line breaks. Records are therefore split on ``"\\n"`` only, here, in one place.
+``str.splitlines()`` treats as line breaks. Records are therefore split on newlines only, here, in one place.
 """
 
 from __future__ import annotations
@@ -11,12 +11,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from retriever_server.corpus import open_text
+
 
 def jsonl_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """Yield ``(line number, line)`` for every non-blank line of ``path`` (1-based, split on ``"\\n"`` only)."""
-    for number, line in enumerate(path.read_text(encoding="utf-8").split("\n"), start=1):
-        if line.strip():
-            yield number, line
+    """Yield ``(line number, line)`` for every non-blank line of ``path`` (1-based; ``.gz`` read decompressed).
+
+    Streams the file: its lines end at ``\\n``, ``\\r\\n`` or ``\\r`` only (JSON escapes both inside strings),
+    never at U+2028 and the other characters ``str.splitlines()`` also breaks on."""
+    with open_text(path) as f:
+        for number, line in enumerate(f, start=1):
+            if line.strip():
+                yield number, line.rstrip("\n")
 
 
 def iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
