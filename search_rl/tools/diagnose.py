@@ -26,6 +26,7 @@ from pathlib import Path
 
 import httpx
 
+from search_rl.tools.compare_evals import run_folder
 from search_rl.tracking.jsonl import read_jsonl
 
 logger = logging.getLogger(__name__)
@@ -183,12 +184,20 @@ BREAKDOWN_COLUMNS = (
 
 
 def load_eval_metrics(path: Path) -> dict[str, float]:
-    """The metrics of an evaluation: ``metrics.json`` (a file, or the folder holding it), or a training run's last
-    record with validation metrics (``<run>/metrics.jsonl``).
+    """The metrics of an evaluation: ``metrics.json`` (a file, or the folder holding it, or the ``output_dir`` given
+    to ``main_eval``, whose newest run is read), or a training run's last record with validation metrics
+    (``<run>/metrics.jsonl``).
 
     Raises:
         FileNotFoundError: none of these at ``path``, or a training run without validation.
     """
+    if path.is_dir() and not (path / "metrics.json").exists() and not (path / "metrics.jsonl").exists():
+        try:
+            path = run_folder(path)
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"no metrics.json or metrics.jsonl at {path}, and no main_eval run (<time>/metrics.json) below it"
+            ) from None
     if path.is_dir() and (path / "metrics.json").exists():
         path = path / "metrics.json"
     if path.is_file() and path.suffix == ".json":
@@ -246,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         default=None,
         metavar="PATH",
-        help="print the search breakdown of an evaluation (metrics.json or its folder, or a run folder) instead",
+        help="print the search breakdown of an evaluation (metrics.json, its folder, main_eval's output_dir, or a "
+        "training run folder) instead",
     )
     args = ap.parse_args(argv)
     if args.eval is not None:

@@ -175,7 +175,7 @@ def test_eval_metrics_per_source_and_empty_cases():
     assert (f_only["r/valid_search_rate"], f_only["r/duplicate_query_rate"], f_only["r/gold_retrieved"]) == (0, 0, 0)
 
 
-def test_diagnose_prints_the_eval_breakdown(tmp_path, capsys):
+def test_diagnose_prints_the_eval_breakdown(tmp_path, capsys, caplog):
     trajs, prompts = hand_batch()
     results = score_trajectories(trajs, prompts, RewardConfig())
     metrics = answer_metrics(trajs, results, prompts.data_sources, "eval", prompts.targets)
@@ -210,3 +210,16 @@ def test_diagnose_prints_the_eval_breakdown(tmp_path, capsys):
     assert diagnose_tool.main(["--eval", str(tmp_path / "run")]) == 0
     assert "| val/all | 4 | - |" in capsys.readouterr().out
     assert diagnose_tool.main(["--eval", str(tmp_path / "nowhere")]) == 2
+
+    # the output_dir given to main_eval: its newest run below it, not an older one
+    for stamp, em in (("search-20261101-000000", 0.125), ("search-20261102-000000", 0.75)):
+        run = tmp_path / "evals" / stamp
+        run.mkdir(parents=True)
+        (run / "metrics.json").write_text(json.dumps({"eval/all/n": 8, "eval/all/em": em}))
+        (run / "trajectories.jsonl").write_text("")
+    assert diagnose_tool.main(["--eval", str(tmp_path / "evals")]) == 0
+    out = capsys.readouterr().out
+    assert "| eval/all | 8 | 0.750 |" in out and "0.125" not in out
+    (tmp_path / "empty").mkdir()
+    assert diagnose_tool.main(["--eval", str(tmp_path / "empty")]) == 2
+    assert "no main_eval run" in caplog.text
