@@ -17,11 +17,12 @@ from search_rl.agent.actions import parse_action
 from search_rl.datatypes import Passage
 from search_rl.reward.format import format_ok
 from search_rl.reward.qa_em import normalize_answer
+from search_rl.sft.trajectories import JUDGEMENT_ANSWERS
 from search_rl.tags import ANSWER_CLOSE, ANSWER_OPEN, SEARCH_CLOSE, SEARCH_OPEN, THINK_CLOSE, THINK_OPEN
 
 MAX_THOUGHT_WORDS = 24
 MAX_ENTITIES = 6
-UNSUPPORTABLE = frozenset({"yes", "no"})
+UNSUPPORTABLE = JUDGEMENT_ANSWERS
 """Golds that a passage cannot support by containing them (the word "no" in a text does not say the answer is no)."""
 
 BEFORE_SEARCH = (

@@ -83,6 +83,30 @@ def parse_turns(raw: Any, where: str, max_query_chars: int = 512) -> list[SFTTur
     return turns
 
 
+JUDGEMENT_ANSWERS = frozenset({"yes", "no"})
+"""Answers judged from passages rather than copied from them (HotpotQA's comparison questions): no text holds them
+as a span, and a text holding the word "no" does not say the answer is no."""
+
+
+def is_judgement(answer: str) -> bool:
+    """Whether ``answer`` normalises to yes or no.
+
+    >>> is_judgement("Yes."), is_judgement("no"), is_judgement("Noah")
+    (True, True, False)
+    """
+    return normalize_answer(answer) in JUDGEMENT_ANSWERS
+
+
+def answer_shown(seen: Sequence[str], answer: str) -> bool:
+    """Whether an answer given after the observations ``seen`` could have been read there: no observation (it did not
+    search), a yes/no judgement (``is_judgement``), or an observation containing it (``contains_answer``).
+
+    >>> answer_shown([], "Paris"), answer_shown(["Lyon is big."], "Yes"), answer_shown(["Lyon is big."], "Paris")
+    (True, True, False)
+    """
+    return not seen or is_judgement(answer) or any(contains_answer(text, answer) for text in seen)
+
+
 def contains_answer(text: str, answer: str) -> bool:
     """Whether the normalised ``answer`` occurs in the normalised ``text`` on word boundaries.
 
@@ -138,8 +162,7 @@ def build_trajectory(
     if len(ids) > cfg.max_response_tokens:
         raise SkipExample("response_too_long", f"{len(ids)} > max_response_tokens={cfg.max_response_tokens}")
     answer = parse_action(turns[-1].text).content or ""
-    seen = [s.text for s in segments if s.kind == "observation"]
-    if seen and not any(contains_answer(text, answer) for text in seen):
+    if not answer_shown([s.text for s in segments if s.kind == "observation"], answer):
         raise SkipExample(
             "answer_cut_from_observations", "the observation budget cut every passage text holding the answer"
         )

@@ -4,7 +4,8 @@ iteration): ``python -m search_rl.tools.rft_rows --records RUN --questions PARQU
 ``RUN`` is a ``main_eval`` output over training questions, usually sampled (``n_samples=8``); give ``--records``
 again to pool several runs (e.g. a second batch of questions). Every sampled trajectory
 with exact match 1, only valid search/answer turns, no retriever failure and, when it searched, its answer in a
-passage it was shown becomes an SFT row in the format
+passage it was shown (or a yes/no judgement, which no passage holds: ``search_rl.sft.trajectories.answer_shown``)
+becomes an SFT row in the format
 ``data_prep.synth_sft`` writes (the question's own row plus ``trajectory`` and ``sft``), its passages looked up by id in
 the corpus the retriever serves. ``main_sft`` then trains on them from the policy that sampled them (docs/learning.md).
 Identical trajectories of a question are kept once, and at most ``--max-per-question`` per question, so questions
@@ -34,7 +35,7 @@ import pyarrow.parquet as pq
 
 from data_prep.synth_sft import read_input, write_output
 from retriever_server.corpus import load_corpus, split_contents
-from search_rl.sft.trajectories import contains_answer, parse_turns
+from search_rl.sft.trajectories import answer_shown, parse_turns
 from search_rl.tags import THINK_OPEN
 from search_rl.tools.compare_evals import run_folder
 from search_rl.tracking.jsonl import read_jsonl
@@ -51,9 +52,10 @@ SKIP_REASONS = (
     "over_cap",
 )
 """Why a record is not turned into a row (each counted). ``answer_not_shown``: the trajectory searched but no
-observation it saw holds the answer (a guess; ``main_sft`` leaves such examples out too). ``bad_format``: turns that
-break the tag protocol warm-start rows must keep (``search_rl.sft.trajectories.parse_turns``), e.g. an unclosed
-``<think>``. ``has_think``: a model turn thinks, left out under ``--without-think``."""
+observation it saw holds the answer and it is not yes/no (a guess; ``main_sft`` leaves such examples out too).
+``bad_format``: turns that break the tag protocol warm-start rows must keep
+(``search_rl.sft.trajectories.parse_turns``), e.g. an unclosed ``<think>``. ``has_think``: a model turn thinks, left
+out under ``--without-think``."""
 
 
 def record_turns(record: dict[str, Any], passages: dict[str, dict[str, str]]) -> list[dict[str, Any]]:
@@ -94,8 +96,7 @@ def skip_reason(record: dict[str, Any]) -> str | None:
         return "retriever_error"
     if not stats["finished"] or record["stop_reason"] != "answer":
         return "unfinished"
-    seen = [s["text"] for s in record["segments"] if s["kind"] == "observation"]
-    if seen and not any(contains_answer(text, record["answer"] or "") for text in seen):
+    if not answer_shown([s["text"] for s in record["segments"] if s["kind"] == "observation"], record["answer"] or ""):
         return "answer_not_shown"
     return None
 

@@ -145,6 +145,31 @@ def test_cap_per_question_and_bad_records(sampled, tokenizer, tmp_path, capsys):
     assert "record nq-train-unknown (sample 0) is not a question of --questions" in capsys.readouterr().err
 
 
+def test_yes_no_answers_are_judged_not_copied(sampled, tokenizer, tmp_path):
+    """A right yes/no answer after a search is a row although no passage holds the word (HotpotQA's comparison
+    questions), and main_sft trains on it; any other answer the passages do not hold stays a guess."""
+    questions, run, _ = sampled
+    lines = read_jsonl(run / "trajectories.jsonl")
+    guess = lines[2]
+    assert skip_reason(guess) == "answer_not_shown"
+    judged, named = copy.deepcopy(guess), copy.deepcopy(guess)
+    judged["segments"][-1]["text"], judged["answer"] = "<answer> Yes </answer>", "Yes"
+    named["segments"][-1]["text"], named["answer"] = "<answer> Noah </answer>", "Noah"
+    assert not any("yes" in s["text"].lower().split() for s in judged["segments"] if s["kind"] == "observation")
+    assert skip_reason(named) == "answer_not_shown"
+    (run / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [lines[0], judged, named]))
+    out = tmp_path / "rft.parquet"
+    argv = ["--records", str(run), "--questions", str(questions), "--corpus", str(SHIPPED_CORPUS), "--output", str(out)]
+    assert main(argv) == 0
+    manifest = json.loads((tmp_path / "rft.manifest.json").read_text())
+    assert manifest["rows_kept"] == 2 and manifest["skipped_by_reason"] == {"answer_not_shown": 1}
+    assert [r["sft"]["answer"] for r in pq.read_table(out).to_pylist()] == [lines[0]["answer"], "Yes"]
+    dataset = SFTDataset([str(out)], tokenizer, ROLLOUT)
+    assert not dataset.skipped and len(dataset) == 2  # the yes row is not cut as "answer_cut_from_observations"
+    last = dataset.trajectories[1]
+    assert tokenizer.decode(last.response_ids[last.response_mask.bool()]).endswith("<answer> Yes </answer>")
+
+
 def test_pooled_runs_and_rows_without_think(sampled, tmp_path):
     questions, run, _ = sampled
     lines = read_jsonl(run / "trajectories.jsonl")
