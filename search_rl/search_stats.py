@@ -17,6 +17,9 @@ turns a batch of them into rates. The definitions, which docs/training.md and do
   without searching), else ``read_wrong`` (the gold answer was retrieved, the answer is still wrong) or
   ``retrieval_missed`` (searched, but no passage shown held a gold answer).
 - **answer length**: whitespace-separated words of the extracted answer (the one the reward scored).
+- **yes/no question**: every gold answer normalises to yes or no (HotpotQA's comparisons;
+  ``reward.qa_em.is_judgement``). Its gold is never "retrieved" as a span in any meaningful sense, so its own
+  metrics say whether the policy answered with a judgement at all and how often it was right.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from search_rl.datatypes import RewardResult, Trajectory
-from search_rl.reward import extract_answer, normalize_answer
+from search_rl.reward import extract_answer, is_judgement, normalize_answer
 
 Outcome = Literal["correct", "no_answer", "wrong_no_search", "retrieval_missed", "read_wrong"]
 WRONG_OUTCOMES: tuple[Outcome, ...] = ("no_answer", "wrong_no_search", "retrieval_missed", "read_wrong")
@@ -82,6 +85,8 @@ class SearchDiagnosis:
     outcome: Outcome
     answer_words: int | None
     em: float
+    yes_no_question: bool = False
+    yes_no_answer: bool = False
 
 
 def diagnose(trajectory: Trajectory, golds: Sequence[str], result: RewardResult) -> SearchDiagnosis:
@@ -108,7 +113,19 @@ def diagnose(trajectory: Trajectory, golds: Sequence[str], result: RewardResult)
         outcome=outcome,
         answer_words=None if answer is None else len(answer.split()),
         em=em,
+        yes_no_question=yes_no_question(golds),
+        yes_no_answer=answer is not None and is_judgement(answer),
     )
+
+
+def yes_no_question(golds: Sequence[str]) -> bool:
+    """Whether every non-empty gold answer is yes or no (and there is one).
+
+    >>> yes_no_question(["Yes"]), yes_no_question(["no", ""]), yes_no_question(["no", "Paris"]), yes_no_question([])
+    (True, True, False, False)
+    """
+    kept = [g for g in golds if normalize_answer(g)]
+    return bool(kept) and all(is_judgement(g) for g in kept)
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -121,8 +138,9 @@ def summarize(diagnoses: Sequence[SearchDiagnosis], prefix: str) -> dict[str, fl
     Keys: ``search_attempts`` (mean per trajectory), ``valid_search_rate`` (searches sent / attempts; 0 without
     attempts), ``duplicate_query_rate`` (duplicates / searches sent; 0 without searches), ``gold_retrieved`` (share
     of trajectories), the shares of ``WRONG_OUTCOMES`` (over all trajectories), ``n_searches_<b>`` (count per
-    ``SEARCH_BUCKETS`` entry) and ``em_searches_<b>`` (mean EM of that bucket, only when it is not empty), and
-    ``answer_words_mean`` (over trajectories with an answer; 0 without any).
+    ``SEARCH_BUCKETS`` entry) and ``em_searches_<b>`` (mean EM of that bucket, only when it is not empty),
+    ``answer_words_mean`` (over trajectories with an answer; 0 without any), ``n_yes_no`` (yes/no questions) and,
+    when there are any, ``em_yes_no`` (their mean EM) and ``yes_no_answered`` (the share answered yes or no).
     """
     attempts = sum(d.attempts for d in diagnoses)
     searches = sum(d.searches for d in diagnoses)
@@ -141,6 +159,11 @@ def summarize(diagnoses: Sequence[SearchDiagnosis], prefix: str) -> dict[str, fl
         metrics[f"{prefix}/n_searches_{bucket}"] = float(len(ems))
         if ems:
             metrics[f"{prefix}/em_searches_{bucket}"] = _mean(ems)
+    yes_no = [d for d in diagnoses if d.yes_no_question]
+    metrics[f"{prefix}/n_yes_no"] = float(len(yes_no))
+    if yes_no:
+        metrics[f"{prefix}/em_yes_no"] = _mean([d.em for d in yes_no])
+        metrics[f"{prefix}/yes_no_answered"] = _mean([float(d.yes_no_answer) for d in yes_no])
     return metrics
 
 

@@ -2,7 +2,15 @@
 shaping (format reward, partial credit, overlong penalty) applied on top of the chosen function."""
 
 from search_rl.reward.format import format_ok
-from search_rl.reward.qa_em import exact_match, extract_answer, f1_score, normalize_answer, sub_exact_match
+from search_rl.reward.qa_em import (
+    JUDGEMENT_ANSWERS,
+    exact_match,
+    extract_answer,
+    f1_score,
+    is_judgement,
+    normalize_answer,
+    sub_exact_match,
+)
 from search_rl.reward.registry import REWARDS, RewardFn, compute_reward, reward_fn_for
 from search_rl.reward.shaping import (
     PARTIAL_CREDITS,
@@ -13,6 +21,7 @@ from search_rl.reward.shaping import (
 )
 
 __all__ = [
+    "JUDGEMENT_ANSWERS",
     "PARTIAL_CREDITS",
     "REWARDS",
     "RewardFn",
@@ -22,6 +31,7 @@ __all__ = [
     "extract_answer",
     "f1_score",
     "format_ok",
+    "is_judgement",
     "normalize_answer",
     "overlong_penalty",
     "reward_fn_for",

@@ -22,6 +22,20 @@ def _is_punct(ch: str) -> bool:
     return ch in string.punctuation or unicodedata.category(ch).startswith("P")
 
 
+JUDGEMENT_ANSWERS = frozenset({"yes", "no"})
+"""Answers judged from passages rather than copied from them (HotpotQA's comparison questions): no text holds them
+as a span, and a text holding the word "no" does not say the answer is no."""
+
+
+def is_judgement(answer: str) -> bool:
+    """Whether ``answer`` normalises to yes or no.
+
+    >>> is_judgement("Yes."), is_judgement("no"), is_judgement("Noah")
+    (True, True, False)
+    """
+    return normalize_answer(answer) in JUDGEMENT_ANSWERS
+
+
 def normalize_answer(text: str) -> str:
     """SQuAD normalisation, made Unicode-aware: NFKC, lower-case, drop punctuation (ASCII and Unicode ``P*``),
     drop the articles a/an/the, collapse whitespace. Accents are kept (``é`` stays ``é``).

@@ -23,7 +23,7 @@ from search_rl.agent.observations import ObservationBuilder
 from search_rl.config import RolloutConfig
 from search_rl.datatypes import Passage, Segment, Trajectory, TrajectoryStats
 from search_rl.reward.format import format_ok
-from search_rl.reward.qa_em import normalize_answer
+from search_rl.reward.qa_em import is_judgement, normalize_answer
 
 SKIP_REASONS = (
     "prompt_too_long",
@@ -81,20 +81,6 @@ def parse_turns(raw: Any, where: str, max_query_chars: int = 512) -> list[SFTTur
     if not format_ok([t.text for t in turns]):
         raise ValueError(f"{where}: the turns break the tag protocol (search_rl.reward.format.format_ok)")
     return turns
-
-
-JUDGEMENT_ANSWERS = frozenset({"yes", "no"})
-"""Answers judged from passages rather than copied from them (HotpotQA's comparison questions): no text holds them
-as a span, and a text holding the word "no" does not say the answer is no."""
-
-
-def is_judgement(answer: str) -> bool:
-    """Whether ``answer`` normalises to yes or no.
-
-    >>> is_judgement("Yes."), is_judgement("no"), is_judgement("Noah")
-    (True, True, False)
-    """
-    return normalize_answer(answer) in JUDGEMENT_ANSWERS
 
 
 def answer_shown(seen: Sequence[str], answer: str) -> bool:

@@ -239,6 +239,13 @@ def eval_breakdown(metrics: dict[str, float]) -> list[str]:
             em = rows[row].get(f"em_searches_{bucket}")
             cells.append("-" if n is None else f"{em:.3f} ({n:.0f})" if em is not None else f"- ({n:.0f})")
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    yes_no = [row for row in order if rows[row].get("n_yes_no")]
+    if yes_no:
+        lines += ["", "Yes/no questions (every gold answer yes or no):", ""]
+        lines += ["| rows | questions | EM | answered yes/no |", "|---|---|---|---|"]
+        for row in yes_no:
+            r = rows[row]
+            lines.append(f"| {row} | {r['n_yes_no']:.0f} | {r['em_yes_no']:.3f} | {r['yes_no_answered']:.3f} |")
     return lines
 
 

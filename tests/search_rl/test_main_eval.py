@@ -41,6 +41,7 @@ SEARCH_KEYS = (
     "n_searches_1",
     "n_searches_2",
     "n_searches_3plus",
+    "n_yes_no",
 )
 """Search diagnostics every evaluation reports (``em_searches_<b>`` only for non-empty buckets)."""
 

@@ -145,11 +145,48 @@ def test_step_metrics_by_hand():
         "rollout/em_searches_2": 0.0,
         "rollout/n_searches_3plus": 1.0,  # E
         "rollout/em_searches_3plus": 0.0,
+        "rollout/n_yes_no": 0.0,  # no yes/no question: their EM and answer share are absent, not 0
     }
     assert m == pytest.approx(expected)
     em = sum(r.components["em"] for r in results) / len(results)
     shares = sum(m[f"rollout/{k}"] for k in ("no_answer", "wrong_no_search", "retrieval_missed", "read_wrong"))
     assert em + shares == pytest.approx(1.0)
+
+
+def test_yes_no_questions(tmp_path, capsys):
+    """Yes/no questions: right ("Yes." for yes), answered with the wrong judgement, answered with an entity
+    ("Nobody" is not "no"); beside them a question with one yes/no gold among others, which is not one."""
+    seen = (SearchCall("q", (_p("Both are American."),)),)
+    trajs = [
+        _traj(["<search> q </search>", "<answer> Yes. </answer>"], seen, attempts=1),
+        _traj(["<search> q </search>", "<answer> yes </answer>"], seen, attempts=1),
+        _traj(["<search> q </search>", "<answer> Nobody </answer>"], seen, attempts=1),
+        _traj(["<search> q </search>", "<answer> no </answer>"], seen, attempts=1),
+    ]
+    prompts = PromptBatch(
+        prompt_ids=((1,),) * 4,
+        uids=tuple("abcd"),
+        data_sources=("hotpotqa",) * 4,
+        targets=(("yes",), ("No", ""), ("no",), ("no", "Paris")),
+        questions=("q",) * 4,
+        row_indices=tuple(range(4)),
+    )
+    results = score_trajectories(trajs, prompts, RewardConfig())
+    assert [r.components["em"] for r in results] == [1.0, 0.0, 0.0, 1.0]
+    diagnoses = [diagnose(t, g, r) for t, g, r in zip(trajs, prompts.targets, results, strict=True)]
+    assert [(d.yes_no_question, d.yes_no_answer) for d in diagnoses] == [
+        (True, True),
+        (True, True),
+        (True, False),
+        (False, True),
+    ]
+    m = answer_metrics(trajs, results, prompts.data_sources, "eval", prompts.targets)
+    assert m["eval/all/n_yes_no"] == 3.0
+    assert m["eval/all/em_yes_no"] == pytest.approx(1 / 3)
+    assert m["eval/all/yes_no_answered"] == pytest.approx(2 / 3)
+    (tmp_path / "metrics.json").write_text(json.dumps(m))
+    assert diagnose_tool.main(["--eval", str(tmp_path)]) == 0
+    assert "| eval/all | 3 | 0.333 | 0.667 |" in capsys.readouterr().out
 
 
 def test_eval_metrics_per_source_and_empty_cases():
