@@ -1,0 +1,64 @@
+"""bench/error_breakdown.py counts yes/no questions, their answers and second searches from evaluation records."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("error_breakdown", REPO / "bench" / "error_breakdown.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _record(source: str, gold: list[str], answer: str | None, em: float, searches: int, sample: int = 0) -> dict:
+    calls = [{"query": f"q{i}", "passage_ids": [], "failed": False} for i in range(searches)]
+    return {
+        "data_source": source,
+        "gold": gold,
+        "answer": answer,
+        "reward_components": {"em": em},
+        "search_calls": calls,
+        "sample": sample,
+    }
+
+
+def test_counts_from_first_samples(bench: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    records = [
+        _record("hotpotqa", ["yes"], "Yes.", 1.0, 1),  # yes/no, answered with a judgement, right
+        _record("hotpotqa", ["no"], "both", 0.0, 2),  # yes/no, answered with an entity; searched twice
+        _record("hotpotqa", ["no", "Paris"], "no", 1.0, 1),  # not a yes/no question: one gold is not
+        _record("nq", ["Paris"], None, 0.0, 0),
+        _record("hotpotqa", ["no"], "no", 1.0, 3, sample=1),  # a second sample: not counted
+    ]
+    got = bench.breakdown(records)
+    assert got == {
+        "n": 4,
+        "em": 0.5,
+        "em_hotpotqa": pytest.approx(2 / 3),
+        "em_nq": 0.0,
+        "two_searches": 1,
+        "yes_no": 2,
+        "yes_no_answered": 1,
+        "yes_no_right": 1.0,
+    }
+    run = tmp_path / "eval" / "search-20261125-000000"
+    run.mkdir(parents=True)
+    (run / "metrics.json").write_text("{}")
+    (run / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert bench.main([f"a={tmp_path / 'eval'}"]) == 0
+    out = capsys.readouterr().out
+    assert "| a | 4 | 0.500 | 0.667 | 0.000 | 1 | 2 | 1 | 1 |" in out
+    assert out.rstrip().endswith("error_breakdown a:em=0.500,yes_no_right=1/2")
+    assert bench.main([f"b={tmp_path / 'nowhere'}"]) == 2
+    assert "no main_eval output" in capsys.readouterr().err
