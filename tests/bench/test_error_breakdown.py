@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(scope="module")
-def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("error_breakdown", REPO / "bench" / "error_breakdown.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def bench(load_bench: Callable[[str], ModuleType]) -> ModuleType:
+    return load_bench("error_breakdown")
 
 
 def _record(source: str, gold: list[str], answer: str | None, em: float, searches: int, sample: int = 0) -> dict:

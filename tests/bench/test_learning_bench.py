@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -16,13 +16,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("learning_bench", REPO / "bench" / "learning_bench.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["learning_bench"] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
+def bench(load_bench: Callable[[str], ModuleType]) -> ModuleType:
+    return load_bench("learning_bench")
 
 
 def test_merge_overrides_keeps_the_last_value_of_a_key_in_its_first_place(bench: ModuleType) -> None:
