@@ -296,6 +296,8 @@ class Bench:
             "--max-per-question",
             str(self.budget.rft_max_per_question),
             "--without-think",
+            "--min-rows",
+            str(self.budget.sft_batch),
             "--mix",
             self.warm_start_rows,
             "--output",

@@ -15,6 +15,8 @@ rows get ids ``<extra_info.id>/rft<k>``
 (training rows need unique ids). ``--mix SFT_PARQUET`` appends as many rows again, a seeded sample of an existing
 warm-start file (the shipped ``sft_train.parquet``): rejection sampling's best result mixed them one for one.
 Every record left out is counted by reason in the manifest written next to the output and in the printed summary.
+``--min-rows N`` refuses, writing nothing, when fewer than ``N`` rows qualify (the learning benchmark passes its
+fine-tune's batch size: a warm start that thinks in nearly every right sample left 5 rows under ``--without-think``).
 
 Only training questions belong here: the rows teach the answers they contain.
 """
@@ -204,6 +206,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--output", required=True, type=Path, help="output parquet; the manifest goes next to it")
     ap.add_argument("--max-per-question", type=int, default=4, help="distinct right trajectories kept per question")
     ap.add_argument("--without-think", action="store_true", help="leave out trajectories with a <think> turn")
+    ap.add_argument(
+        "--min-rows",
+        type=int,
+        default=1,
+        help="refuse (exit 1, nothing written) when fewer rows qualify, e.g. the fine-tune's batch size (default 1)",
+    )
     ap.add_argument("--mix", type=Path, help="an SFT parquet to append as many rows from (seeded sample)")
     ap.add_argument("--mix-seed", type=int, default=0, help="seed of the --mix sample (default 0)")
     return ap
@@ -215,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.max_per_question < 1:
         ap.error("--max-per-question must be >= 1")
+    if args.min_rows < 1:
+        ap.error("--min-rows must be >= 1")
     try:
         schema, question_rows = read_input(args.questions)
         records = [r for folder in args.records for r in read_records(folder)]
@@ -227,6 +237,15 @@ def main(argv: list[str] | None = None) -> int:
         rows, skipped = build_rows(records, questions, passages, args.max_per_question, args.without_think)
         if not rows:
             sys.stderr.write(f"error: no record qualifies (skipped: {dict(skipped)})\n")
+            return 1
+        if len(rows) < args.min_rows:
+            covered = len({r["extra_info"]["id"].rsplit("/rft", 1)[0] for r in rows})
+            sys.stderr.write(
+                f"error: only {len(rows)} rows of {covered} questions qualify, fewer than --min-rows {args.min_rows}; "
+                f"nothing written (skipped: {dict(skipped)}). Sample more questions"
+                + (", or keep thinking trajectories (drop --without-think)" if skipped["has_think"] else "")
+                + "\n"
+            )
             return 1
         mixed = []
         if args.mix is not None:

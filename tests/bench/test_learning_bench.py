@@ -99,7 +99,7 @@ def test_the_rft_rows_arguments_parse_under_the_tool_and_name_real_files(bench: 
     args = rft_rows.build_parser().parse_args(b.rft_rows_command(tmp_path / "rft_data"))
     assert args.records == [tmp_path / "rft_data" / "samples"]
     assert args.output == tmp_path / "rft_data" / "rows.parquet"
-    assert (args.max_per_question, args.without_think) == (2, True)
+    assert (args.max_per_question, args.without_think, args.min_rows) == (2, True, bench.RECIPE.sft_batch)
     for shipped in (args.questions, args.mix, args.corpus):  # relative to the repository, where the bench runs them
         assert (REPO / shipped).is_file(), shipped
 

@@ -144,6 +144,15 @@ def test_cap_per_question_and_bad_records(sampled, tokenizer, tmp_path, capsys):
     assert main(base) == 1
     assert "record nq-train-unknown (sample 0) is not a question of --questions" in capsys.readouterr().err
 
+    # fewer rows than asked for (e.g. a warm start whose right samples all think): refused, nothing written
+    out.unlink()
+    (run / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert main([*base, "--min-rows", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "only 1 rows of 1 questions qualify, fewer than --min-rows 2; nothing written" in err
+    assert "'not_exact': 1" in err and not out.exists()
+    assert main([*base, "--min-rows", "1"]) == 0 and out.exists()
+
 
 def test_yes_no_answers_are_judged_not_copied(sampled, tokenizer, tmp_path):
     """A right yes/no answer after a search is a row although no passage holds the word (HotpotQA's comparison
