@@ -238,8 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         if not rows:
             sys.stderr.write(f"error: no record qualifies (skipped: {dict(skipped)})\n")
             return 1
+        covered = len({r["extra_info"]["id"].rsplit("/rft", 1)[0] for r in rows})
         if len(rows) < args.min_rows:
-            covered = len({r["extra_info"]["id"].rsplit("/rft", 1)[0] for r in rows})
             sys.stderr.write(
                 f"error: only {len(rows)} rows of {covered} questions qualify, fewer than --min-rows {args.min_rows}; "
                 f"nothing written (skipped: {dict(skipped)}). Sample more questions"
@@ -256,7 +256,6 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"error: {e!r}\n" if isinstance(e, KeyError) else f"error: {e}\n")
         return 1
     write_output(rows + mixed, schema, args.output)
-    covered = len({r["extra_info"]["id"].rsplit("/rft", 1)[0] for r in rows})
     manifest = {
         "description": "search-rl rejection-sampling rows: the policy's own exact trajectories; docs/learning.md",
         "command": "python -m search_rl.tools.rft_rows " + " ".join(argv),
