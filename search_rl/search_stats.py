@@ -16,6 +16,10 @@ turns a batch of them into rates. The definitions, which docs/training.md and do
 - **outcome**: ``correct`` (EM 1), else ``no_answer`` (no ``<answer>``), else ``wrong_no_search`` (answered
   without searching), else ``read_wrong`` (the gold answer was retrieved, the answer is still wrong) or
   ``retrieval_missed`` (searched, but no passage shown held a gold answer).
+- **where a read-wrong answer came from** (``answer_source``, only for ``read_wrong``): ``gold_passage`` (the
+  answer occurs, as ``gold retrieved`` matches, in a passage shown that also holds a gold answer: the right passage,
+  the wrong span), ``other_passage`` (it occurs only in passages without a gold answer) or ``not_shown`` (in no
+  passage shown: made up or reworded).
 - **answer length**: whitespace-separated words of the extracted answer (the one the reward scored).
 - **yes/no question**: every gold answer normalises to yes or no (HotpotQA's comparisons;
   ``reward.qa_em.is_judgement``). Its gold is never "retrieved" as a span in any meaningful sense, so its own
@@ -34,6 +38,9 @@ from search_rl.reward import extract_answer, is_judgement, normalize_answer
 Outcome = Literal["correct", "no_answer", "wrong_no_search", "retrieval_missed", "read_wrong"]
 WRONG_OUTCOMES: tuple[Outcome, ...] = ("no_answer", "wrong_no_search", "retrieval_missed", "read_wrong")
 """The outcomes of a trajectory whose EM is 0; with ``em`` their shares sum to 1."""
+AnswerSource = Literal["gold_passage", "other_passage", "not_shown"]
+ANSWER_SOURCES: tuple[AnswerSource, ...] = ("gold_passage", "other_passage", "not_shown")
+"""Where a ``read_wrong`` answer came from; their ``read_wrong_<source>`` shares sum to ``read_wrong``."""
 SEARCH_BUCKETS: tuple[str, ...] = ("0", "1", "2", "3plus")
 """Buckets of ``em_searches_<bucket>`` / ``n_searches_<bucket>``: 0, 1, 2, and 3 or more searches."""
 
@@ -87,15 +94,28 @@ class SearchDiagnosis:
     em: float
     yes_no_question: bool = False
     yes_no_answer: bool = False
+    answer_source: AnswerSource | None = None
+
+
+def answer_source(answer: str, passages: Sequence[str], golds: Sequence[str]) -> AnswerSource:
+    """Where a wrong ``answer`` came from among the ``passages`` shown (title and text each).
+
+    >>> shown = ["Paris and Lyon are French cities.", "Berlin is in Germany."]
+    >>> [answer_source(a, shown, ["Paris"]) for a in ("Lyon", "Berlin", "Madrid")]
+    ['gold_passage', 'other_passage', 'not_shown']
+    """
+    holding = [contains_answer(p, [answer]) for p in passages]
+    if any(h and contains_answer(p, golds) for h, p in zip(holding, passages, strict=True)):
+        return "gold_passage"
+    return "other_passage" if any(holding) else "not_shown"
 
 
 def diagnose(trajectory: Trajectory, golds: Sequence[str], result: RewardResult) -> SearchDiagnosis:
     """Diagnose one scored trajectory against its gold answers (``result.components["em"]`` is its EM)."""
     answer = extract_answer(trajectory.model_texts)
     em = result.components.get("em", 0.0)
-    gold_retrieved = any(
-        contains_answer(f"{p.title} {p.text}", golds) for call in trajectory.search_calls for p in call.passages
-    )
+    shown = [f"{p.title} {p.text}" for call in trajectory.search_calls for p in call.passages]
+    gold_retrieved = any(contains_answer(p, golds) for p in shown)
     outcome: Outcome
     if em > 0:
         outcome = "correct"
@@ -115,6 +135,7 @@ def diagnose(trajectory: Trajectory, golds: Sequence[str], result: RewardResult)
         em=em,
         yes_no_question=yes_no_question(golds),
         yes_no_answer=answer is not None and is_judgement(answer),
+        answer_source=answer_source(answer, shown, golds) if outcome == "read_wrong" and answer is not None else None,
     )
 
 
@@ -137,7 +158,8 @@ def summarize(diagnoses: Sequence[SearchDiagnosis], prefix: str) -> dict[str, fl
 
     Keys: ``search_attempts`` (mean per trajectory), ``valid_search_rate`` (searches sent / attempts; 0 without
     attempts), ``duplicate_query_rate`` (duplicates / searches sent; 0 without searches), ``gold_retrieved`` (share
-    of trajectories), the shares of ``WRONG_OUTCOMES`` (over all trajectories), ``n_searches_<b>`` (count per
+    of trajectories), the shares of ``WRONG_OUTCOMES`` (over all trajectories) and of ``read_wrong_<source>`` per
+    ``ANSWER_SOURCES`` entry (over all trajectories, summing to ``read_wrong``), ``n_searches_<b>`` (count per
     ``SEARCH_BUCKETS`` entry) and ``em_searches_<b>`` (mean EM of that bucket, only when it is not empty),
     ``answer_words_mean`` (over trajectories with an answer; 0 without any), ``n_yes_no`` (yes/no questions) and,
     when there are any, ``em_yes_no`` (their mean EM) and ``yes_no_answered`` (the share answered yes or no).
@@ -154,6 +176,8 @@ def summarize(diagnoses: Sequence[SearchDiagnosis], prefix: str) -> dict[str, fl
     }
     for outcome in WRONG_OUTCOMES:
         metrics[f"{prefix}/{outcome}"] = _mean([float(d.outcome == outcome) for d in diagnoses])
+    for source in ANSWER_SOURCES:
+        metrics[f"{prefix}/read_wrong_{source}"] = _mean([float(d.answer_source == source) for d in diagnoses])
     for bucket in SEARCH_BUCKETS:
         ems = [d.em for d in diagnoses if search_bucket(d.searches) == bucket]
         metrics[f"{prefix}/n_searches_{bucket}"] = float(len(ems))

@@ -5,8 +5,9 @@ Opens ``<run>/rollouts/*.jsonl`` (training and validation dumps) and ``<run>/eva
 turn: the model's thoughts, its search queries, the retrieved passages (inserted ``<information>`` tokens that the
 losses never see, drawn on a dark background and labelled "masked"), the answer, the gold answers and the reward.
 Filter by data source, reward, step and free text (question, response, answer, gold, outcome: ``read_wrong``,
-``retrieval_missed``, ...). Keys: ``/`` search, ``n``/``p`` next/previous trajectory, ``q`` quit. The record format
-is in docs/training.md ("Metrics and rollout dumps"); the viewer needs no tokenizer.
+``retrieval_missed``, ..., where a read-wrong answer came from: ``gold_passage``, ...). Keys: ``/`` search,
+``n``/``p`` next/previous trajectory, ``q`` quit. The record format is in docs/training.md ("Metrics and rollout
+dumps"); the viewer needs no tokenizer.
 """
 
 from __future__ import annotations
@@ -84,9 +85,8 @@ def matches(record: dict[str, Any], f: Filters) -> bool:
     if f.step != ALL and f"{record.get('kind')}:{record.get('step')}" != f.step:
         return False
     if f.text:
-        haystack = " ".join(
-            str(record.get(k) or "") for k in ("question", "response", "answer", "uid", "data_source", "outcome")
-        ) + " ".join(record.get("gold") or [])
+        keys = ("question", "response", "answer", "uid", "data_source", "outcome", "answer_source")
+        haystack = " ".join(str(record.get(k) or "") for k in keys) + " ".join(record.get("gold") or [])
         return f.text.lower() in haystack.lower()
     return True
 
@@ -149,7 +149,9 @@ def render_record(record: dict[str, Any]) -> Text:
     if record.get("outcome"):  # dumps from before the search diagnostics have none
         out.append("outcome:  ", style="bold")
         out.append(
-            f"{record['outcome']} · gold retrieved: {'yes' if record.get('gold_retrieved') else 'no'}\n",
+            f"{record['outcome']} · gold retrieved: {'yes' if record.get('gold_retrieved') else 'no'}"
+            + (f" · answer from: {record['answer_source']}" if record.get("answer_source") else "")
+            + "\n",
             style="bold green" if record["outcome"] == "correct" else "bold red",
         )
     stats = record.get("stats") or {}

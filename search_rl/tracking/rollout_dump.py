@@ -18,7 +18,8 @@ records to ``trajectories.jsonl``). One record per trajectory:
 ``stats``           turns, searches, search attempts, valid/invalid actions, truncations, retriever errors
 ``search_calls``    ``[{"query", "passage_ids", "failed"}]``: each query sent, the ids of the passages shown for it
 ``outcome``         ``correct``, ``no_answer``, ``wrong_no_search``, ``retrieval_missed`` or ``read_wrong``;
-                    ``gold_retrieved``: a gold answer was in a passage shown (``search_rl.search_stats``)
+                    ``gold_retrieved``: a gold answer was in a passage shown (``search_rl.search_stats``);
+                    ``answer_source`` (read wrong only, else null): ``gold_passage``, ``other_passage``, ``not_shown``
 ``response_tokens`` / ``model_tokens``: lengths; ``weight_version``: the policy version that sampled it
 =================== =====================================================================================
 """
@@ -101,6 +102,7 @@ def trajectory_record(
         ],
         "outcome": diagnosis.outcome,
         "gold_retrieved": diagnosis.gold_retrieved,
+        "answer_source": diagnosis.answer_source,
         "response_tokens": int(traj.response_ids.shape[0]),
         "model_tokens": int(traj.response_mask.sum()),
         "weight_version": weight_version,

@@ -36,6 +36,9 @@ SEARCH_KEYS = (
     "wrong_no_search",
     "retrieval_missed",
     "read_wrong",
+    "read_wrong_gold_passage",
+    "read_wrong_other_passage",
+    "read_wrong_not_shown",
     "answer_words_mean",
     "n_searches_0",
     "n_searches_1",
@@ -68,6 +71,10 @@ def test_evaluate_each_baseline(baseline, retriever_url, tmp_path):
     for outcome in ("no_answer", "wrong_no_search", "retrieval_missed", "read_wrong"):
         assert saved[f"eval/all/{outcome}"] == pytest.approx(sum(r["outcome"] == outcome for r in records) / 3)
     assert saved["eval/all/gold_retrieved"] == pytest.approx(sum(r["gold_retrieved"] for r in records) / 3)
+    for source in ("gold_passage", "other_passage", "not_shown"):
+        share = sum(r["answer_source"] == source for r in records) / 3
+        assert saved[f"eval/all/read_wrong_{source}"] == pytest.approx(share)
+    assert all((r["answer_source"] is None) == (r["outcome"] != "read_wrong") for r in records)
     assert sum(saved[f"eval/all/n_searches_{b}"] for b in ("0", "1", "2", "3plus")) == 3
     assert all(len(r["search_calls"]) == r["stats"]["searches"] for r in records)
     if baseline != "search":

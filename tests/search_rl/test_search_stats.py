@@ -121,6 +121,42 @@ def test_outcome_of_each_trajectory():
     assert [d.gold_retrieved for d in diagnoses] == [True, True, False, False, True, False]
     assert [d.duplicates for d in diagnoses] == [0, 1, 0, 0, 1, 0]
     assert [d.answer_words for d in diagnoses] == [1, 1, 3, 1, None, 1]
+    assert [d.answer_source for d in diagnoses] == [None, "other_passage", None, None, None, None]
+
+
+def test_where_read_wrong_answers_came_from(tmp_path, capsys):
+    """Read wrong, split by the passage the answer occurs in: the gold's own (the wrong span of the right passage),
+    one without the gold, none; a right answer and a missed retrieval have no source."""
+    shown = (
+        SearchCall("q", (_p("Gustave Eiffel built the tower in Paris in 1889.", "Eiffel Tower"),)),
+        SearchCall("r", (_p("Lyon is a city in France."),)),
+    )
+    answers = ["Gustave Eiffel", "1889 tower", "Lyon", "Berlin", "Paris", "Nice"]
+    trajs = [_traj(["<search> q </search>", f"<answer> {a} </answer>"], shown, attempts=1) for a in answers[:5]]
+    trajs.append(_traj(["<search> r </search>", "<answer> Nice </answer>"], shown[1:], attempts=1))
+    n = len(trajs)
+    prompts = PromptBatch(
+        prompt_ids=((1,),) * n,
+        uids=tuple("abcdef"),
+        data_sources=("nq",) * n,
+        targets=(("Paris",),) * n,
+        questions=("q",) * n,
+        row_indices=tuple(range(n)),
+    )
+    results = score_trajectories(trajs, prompts, RewardConfig())
+    diagnoses = [diagnose(t, g, r) for t, g, r in zip(trajs, prompts.targets, results, strict=True)]
+    assert [d.outcome for d in diagnoses] == ["read_wrong"] * 4 + ["correct", "retrieval_missed"]
+    # "1889 tower" is not a contiguous span of any passage, so it was reworded or made up
+    sources = ["gold_passage", "not_shown", "other_passage", "not_shown", None, None]
+    assert [d.answer_source for d in diagnoses] == sources
+    m = answer_metrics(trajs, results, prompts.data_sources, "eval", prompts.targets)
+    shares = [m[f"eval/all/read_wrong_{k}"] for k in ("gold_passage", "other_passage", "not_shown")]
+    assert shares == pytest.approx([1 / 6, 1 / 6, 2 / 6])
+    parts = sum(m[f"eval/all/read_wrong_{k}"] for k in ("gold_passage", "other_passage", "not_shown"))
+    assert parts == pytest.approx(m["eval/all/read_wrong"])
+    (tmp_path / "metrics.json").write_text(json.dumps(m))
+    assert diagnose_tool.main(["--eval", str(tmp_path)]) == 0
+    assert "| eval/all | 0.667 | 0.167 | 0.167 | 0.333 |" in capsys.readouterr().out
 
 
 def test_step_metrics_by_hand():
@@ -136,6 +172,9 @@ def test_step_metrics_by_hand():
         "rollout/wrong_no_search": 1 / 6,
         "rollout/retrieval_missed": 1 / 6,
         "rollout/read_wrong": 1 / 6,
+        "rollout/read_wrong_gold_passage": 0.0,
+        "rollout/read_wrong_other_passage": 1 / 6,  # B's "Lyon" is in the passage without Paris
+        "rollout/read_wrong_not_shown": 0.0,
         "rollout/answer_words_mean": 7 / 5,  # 1 + 1 + 3 + 1 + 1 words over the 5 answers
         "rollout/n_searches_0": 2.0,  # D, F
         "rollout/em_searches_0": 0.5,

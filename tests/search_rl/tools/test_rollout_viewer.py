@@ -78,6 +78,19 @@ def test_load_filter_render(tmp_path, tokenizer):
     assert "outcome:  retrieval_missed · gold retrieved: no" in render_record(records[1]).plain
     assert records[1]["search_calls"] == [{"query": "capital of france", "passage_ids": ["7"], "failed": False}]
     assert filter_records(records, Filters(text="retrieval_missed")) == [1, 3]
+    assert records[0]["answer_source"] is None and records[1]["answer_source"] is None
+
+
+def test_read_wrong_shows_where_the_answer_came_from(tmp_path, tokenizer):
+    """A wrong answer taken from the passage that holds the gold: the record and the view say so, and the search box
+    finds it by that source."""
+    prompts = PromptBatch(((1, 2),), ("u1",), ("nq",), (("Wilhelm Rontgen",),), ("who got the first nobel",), (0,))
+    traj = _trajectory(tokenizer, "first nobel prize physics", "the first prize")
+    RolloutDumper(tmp_path / "rollouts", tokenizer).dump("train", 1, prompts, [traj], [RewardResult(0.0, {"em": 0.0})])
+    records = load_records(tmp_path)
+    assert (records[0]["outcome"], records[0]["answer_source"]) == ("read_wrong", "gold_passage")
+    assert "read_wrong · gold retrieved: yes · answer from: gold_passage" in render_record(records[0]).plain
+    assert filter_records(records, Filters(text="gold_passage")) == [0]
 
 
 def test_tui_filters_and_search(tmp_path, tokenizer):
