@@ -20,7 +20,7 @@ from collections import defaultdict
 from typing import Any
 
 from search_rl.reward import is_judgement
-from search_rl.search_stats import ANSWER_SOURCES, answer_source, yes_no_question
+from search_rl.search_stats import ANSWER_SOURCE_LABELS, ANSWER_SOURCES, answer_source, yes_no_question
 from search_rl.tools.compare_evals import parse_spec, run_folder
 from search_rl.tracking.jsonl import read_jsonl
 
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sources = sorted({k[3:] for r in rows.values() for k in r if k.startswith("em_")})
     head = ["eval", "n", "EM", *(f"EM {s}" for s in sources), "searched twice", "yes/no q", "answered yes/no", "right"]
-    head += ["read wrong", "from the gold's passage", "from another passage", "from no passage"]
+    head += ["read wrong", *(f"from {ANSWER_SOURCE_LABELS[s]}" for s in ANSWER_SOURCES)]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for name, r in rows.items():
         cells = [name, f"{r['n']:.0f}", f"{r['em']:.3f}", *(f"{r.get(f'em_{s}', float('nan')):.3f}" for s in sources)]

@@ -41,6 +41,12 @@ WRONG_OUTCOMES: tuple[Outcome, ...] = ("no_answer", "wrong_no_search", "retrieva
 AnswerSource = Literal["gold_passage", "other_passage", "not_shown"]
 ANSWER_SOURCES: tuple[AnswerSource, ...] = ("gold_passage", "other_passage", "not_shown")
 """Where a ``read_wrong`` answer came from; their ``read_wrong_<source>`` shares sum to ``read_wrong``."""
+ANSWER_SOURCE_LABELS: dict[AnswerSource, str] = {
+    "gold_passage": "the gold's passage",
+    "other_passage": "another passage",
+    "not_shown": "no passage",
+}
+"""Column headers of the ``ANSWER_SOURCES`` in the tables that print them."""
 SEARCH_BUCKETS: tuple[str, ...] = ("0", "1", "2", "3plus")
 """Buckets of ``em_searches_<bucket>`` / ``n_searches_<bucket>``: 0, 1, 2, and 3 or more searches."""
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import httpx
 
+from search_rl.search_stats import ANSWER_SOURCE_LABELS, ANSWER_SOURCES
 from search_rl.tools.compare_evals import run_folder
 from search_rl.tracking.jsonl import read_jsonl
 
@@ -239,18 +240,14 @@ def eval_breakdown(metrics: dict[str, float]) -> list[str]:
             em = rows[row].get(f"em_searches_{bucket}")
             cells.append("-" if n is None else f"{em:.3f} ({n:.0f})" if em is not None else f"- ({n:.0f})")
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
-    sources = (
-        ("gold_passage", "the gold's passage"),
-        ("other_passage", "another passage"),
-        ("not_shown", "no passage"),
-    )
     read_wrong = [row for row in order if rows[row].get("read_wrong") and "read_wrong_gold_passage" in rows[row]]
     if read_wrong:
         lines += ["", "Read wrong, by where the wrong answer came from (shares of all trajectories):", ""]
-        lines += ["| rows | read wrong | " + " | ".join(h for _, h in sources) + " |", "|---" * 5 + "|"]
+        headers = [ANSWER_SOURCE_LABELS[s] for s in ANSWER_SOURCES]
+        lines += ["| rows | read wrong | " + " | ".join(headers) + " |", "|---" * (len(headers) + 2) + "|"]
         for row in read_wrong:
             r = rows[row]
-            cells = [f"{r['read_wrong']:.3f}", *(f"{r[f'read_wrong_{k}']:.3f}" for k, _ in sources)]
+            cells = [f"{r['read_wrong']:.3f}", *(f"{r[f'read_wrong_{s}']:.3f}" for s in ANSWER_SOURCES)]
             lines.append(f"| {row} | " + " | ".join(cells) + " |")
     yes_no = [row for row in order if rows[row].get("n_yes_no")]
     if yes_no:
