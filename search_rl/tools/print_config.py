@@ -4,18 +4,26 @@
     python -m search_rl.tools.print_config algorithm=grpo model=tiny trainer.total_training_steps=3
     python -m search_rl.tools.print_config --config eval model.path=runs/demo/global_step_3/actor
     python -m search_rl.tools.print_config --groups                     # config groups and their options
+    python -m search_rl.tools.print_config --reference > docs/config_reference.md   # every key, as Markdown
 
 Sources, from weakest to strongest (the order Hydra applies them): ``default`` (the dataclass field in
 ``search_rl/config/``), a group file (``configs/model/tiny.yaml``), the primary file
 (``configs/ppo_trainer.yaml``), then ``override`` (the command line). Interpolated values are shown resolved.
 The config is composed by Hydra exactly as ``main_ppo`` / ``main_eval`` compose it, so an unknown key fails here too.
+
+``--reference`` writes the configuration reference (``docs/config_reference.md``): every key of the three entry
+points with its type, default and the docstring under its dataclass field, the one place a field is documented.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import dataclasses
+import inspect
 import logging
 import sys
+import textwrap
 from typing import Any, cast
 
 import yaml
@@ -143,15 +151,124 @@ def render_groups() -> str:
     return "\n".join(lines) + "\n"
 
 
+REFERENCE_ENTRIES = (
+    ("ppo_trainer", "python -m search_rl.main_ppo"),
+    ("sft_trainer", "python -m search_rl.main_sft"),
+    ("eval", "python -m search_rl.main_eval"),
+)
+"""The entry points the reference documents, in order: their primary config and their command."""
+
+REFERENCE_COMMAND = "python -m search_rl.tools.print_config --reference > docs/config_reference.md"
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The attribute docstrings of a dataclass and its dataclass bases: the string literal under each field."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        body = cast(ast.ClassDef, ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0]).body
+        for node, nxt in zip(body, body[1:], strict=False):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)
+            ):
+                docs[node.target.id] = " ".join(inspect.cleandoc(nxt.value.value).split())
+    return docs
+
+
+def reference_rows(config: Any, raw: dict[str, Any], prefix: str = "") -> list[tuple[str, str, Any, str]]:
+    """``(key, type, default, docstring)`` of every leaf of a typed config; the default as the YAML gives it
+    (``raw``: the composed config, interpolations not resolved)."""
+    docs = field_docs(type(config))
+    rows: list[tuple[str, str, Any, str]] = []
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            rows += reference_rows(value, raw.get(f.name) or {}, f"{prefix}{f.name}.")
+        else:
+            rows.append((prefix + f.name, str(f.type), raw.get(f.name, value), docs.get(f.name, "")))
+    return rows
+
+
+def yaml_value(value: Any) -> str:
+    """A default as it is written on the command line or in YAML.
+
+    >>> yaml_value([None, True, 1e-06, "a"]), yaml_value({})
+    ('[null, true, 1e-06, a]', '{}')
+    """
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(yaml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {yaml_value(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def _cell(text: str) -> str:
+    """Table-cell text: double-backtick (reST) literals as Markdown ones, pipes escaped."""
+    return text.replace("``", "`").replace("|", "\\|")
+
+
+def render_reference() -> str:
+    """The configuration reference in Markdown: per entry point, one table per top-level group."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from search_rl.config import load_config
+
+    lines = [
+        "# Configuration reference",
+        "",
+        f"Generated from the config dataclasses' field docstrings (`search_rl/config/`) by `{REFERENCE_COMMAND}`;",
+        "do not edit it by hand: edit the docstring, then run that command. Defaults are those of each entry point",
+        "run with no arguments; a group option (`algorithm=grpo`) or a `key=value` on the command line changes them,",
+        "and `python -m search_rl.tools.print_config [overrides]` shows the resolved values with where each came from",
+        "([configuration.md](configuration.md)).",
+        "",
+        "Config groups and their options (`group=option` on the command line):",
+        "",
+    ]
+    lines += [f"- `{line.split(': ', 1)[0]}`: {line.split(': ', 1)[1]}" for line in render_groups().splitlines()]
+    register_configs()
+    for config_name, command in REFERENCE_ENTRIES:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+            composed = hydra_compose(config_name=config_name, overrides=[])
+        raw = cast(dict[str, Any], OmegaConf.to_container(composed, resolve=False))
+        config = load_config([], config_name=config_name)
+        lines += ["", f"## `configs/{config_name}.yaml` (`{command}`)", "", f"Typed root: `{type(config).__name__}`."]
+        sections: dict[str, list[tuple[str, str, Any, str]]] = {}
+        for row in reference_rows(config, raw):
+            sections.setdefault(row[0].split(".", 1)[0] if "." in row[0] else "", []).append(row)
+        for section, rows in sections.items():
+            title = f"`{section}.*`" if section else "top level"
+            lines += ["", f"### {config_name}: {title}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+            lines += [
+                f"| `{key}` | `{_cell(kind)}` | `{_cell(yaml_value(default))}` | {_cell(doc)} |"
+                for key, kind, default, doc in rows
+            ]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, as on the main_ppo / main_eval command line")
     ap.add_argument("--config", choices=("ppo_trainer", "eval"), default="ppo_trainer", help="which entry's config")
     ap.add_argument("--groups", action="store_true", help="list the config groups and their options")
+    ap.add_argument(
+        "--reference", action="store_true", help="every key of every entry point as Markdown (docs/config_reference.md)"
+    )
     args = ap.parse_args(argv)
     configure_logging(fmt=MESSAGE_FORMAT)
     try:
-        text = render_groups() if args.groups else render(args.config, args.overrides)
+        if args.reference:
+            text = render_reference()
+        else:
+            text = render_groups() if args.groups else render(args.config, args.overrides)
     except Exception as e:  # process boundary: Hydra's compose errors name the bad key
         logger.error("cannot compose the config: %s", e)
         return 2
