@@ -186,7 +186,7 @@ def project(phases: dict[str, float], samples: int, steps: int, seed: int) -> li
 
 def measure(mode: str, url: str, out: Path, args: argparse.Namespace) -> dict[str, float]:
     """Run ``args.steps`` GRPO steps in ``mode``; mean seconds per step (steps 2..N) and the async metrics."""
-    from search_rl.config import load_config
+    from search_rl.configure import load_config
     from search_rl.main_ppo import run
 
     overrides = [

@@ -20,7 +20,7 @@ from collections import defaultdict
 from typing import Any
 
 from search_rl.reward import is_judgement
-from search_rl.search_stats import ANSWER_SOURCE_LABELS, ANSWER_SOURCES, answer_source, yes_no_question
+from search_rl.reward.search_stats import ANSWER_SOURCE_LABELS, ANSWER_SOURCES, answer_source, yes_no_question
 from search_rl.tools.compare_evals import parse_spec, run_folder
 from search_rl.tracking.jsonl import read_jsonl
 

@@ -1,7 +1,7 @@
 """Step profile of the trainer: GRPO steps of SmolLM2-135M-Instruct on the shipped train split against a real retriever.
 
 Runs ``--steps`` GRPO steps (default 8 prompts x 4 samples, the trainer's default budgets) through the real path
-(``main_ppo``: Ray, worker group, ``PPOTrainer``) and prints seconds per step by phase (rollout, of it the wait for
+(``main_ppo``: Ray, worker group, ``TrainingLoop``) and prints seconds per step by phase (rollout, of it the wait for
 the retriever, reward, old and reference log-probs, actor update, weight sync), throughput (generated tokens/s,
 tokens/s of the whole step, the actor update's tokens/s) and peak memory (driver and workers). Then, once the
 workers are gone, the limit: a bare torch loop (forward, log-softmax gather, backward, one AdamW step per
@@ -32,12 +32,13 @@ from pathlib import Path
 
 import torch
 
-from search_rl.config import PPOConfig, load_config
+from search_rl.config import PPOConfig
+from search_rl.configure import load_config
 from search_rl.logging_setup import configure_logging
 from search_rl.main_ppo import build_trainer, build_workers, prepare
 from search_rl.models import load_model
 from search_rl.protocol import TrainBatch
-from search_rl.trainer import PPOTrainer
+from search_rl.trainer.ppo import PPOStep
 from search_rl.workers.forward import model_token_count, used_columns
 
 PHASES = (
@@ -54,7 +55,7 @@ PHASES = (
 )
 
 
-class CapturingTrainer(PPOTrainer):
+class CapturingStep(PPOStep):
     """Keeps the last batch the actor was updated on (for the bare loop)."""
 
     last_batch: TrainBatch | None = None
@@ -205,13 +206,15 @@ def run_trainer(cfg: PPOConfig) -> tuple[list[tuple[int, dict[str, float]]], Tra
     actor, critic = build_workers(cfg, "cpu")
     try:
         trainer = build_trainer(cfg, prepared, actor, critic)
-        trainer.__class__ = CapturingTrainer
+        step = trainer.step_fn
+        assert isinstance(step, PPOStep)
+        step.__class__ = CapturingStep
         history = trainer.fit()
         peaks = actor.broadcast("peak_memory_mb")
     finally:
         actor.shutdown()  # type: ignore[attr-defined]
         ray.shutdown()
-    return history, trainer.last_batch, peaks
+    return history, step.last_batch, peaks
 
 
 if __name__ == "__main__":

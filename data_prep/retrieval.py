@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from search_rl.agent.retriever_client import RetrieverClient
 from search_rl.datatypes import Passage
+from search_rl.rollout.retriever_client import RetrieverClient
 
 SearchFn = Callable[[list[str]], list[list[Passage]]]
 """Takes a batch of queries and returns, per query, its passages best first."""

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from search_rl.agent.actions import parse_action
 from search_rl.datatypes import Passage
 from search_rl.reward.format import format_ok
 from search_rl.reward.qa_em import JUDGEMENT_ANSWERS, normalize_answer
+from search_rl.rollout.actions import parse_action
 from search_rl.tags import ANSWER_CLOSE, ANSWER_OPEN, SEARCH_CLOSE, SEARCH_OPEN, THINK_CLOSE, THINK_OPEN
 
 MAX_THOUGHT_WORDS = 24

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import random
 import shlex
 import sys
@@ -43,9 +42,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from data_prep.retrieval import SearchFn, blocking_search
 from data_prep.sft_surface import (
@@ -62,8 +58,8 @@ from data_prep.sft_surface import (
     rewrite_query,
 )
 from search_rl.reward.qa_em import normalize_answer
+from search_rl.sft.rows import read_input, write_output
 
-REQUIRED_COLUMNS = ("data_source", "question", "reward_model", "extra_info")
 NO_THINK_FRACTION = 0.2
 DROP_NO_SUPPORT, DROP_IN_QUESTION, DROP_YES_NO = "no_supported_answer", "answer_in_question", "yes_no_answer"
 
@@ -198,60 +194,12 @@ def synthesise(
     return out, report
 
 
-PASSAGE_TYPE = pa.struct([("id", pa.string()), ("title", pa.string()), ("text", pa.string())])
-TURN_TYPE = pa.struct([("text", pa.string()), ("passages", pa.list_(PASSAGE_TYPE))])
-SFT_TYPE = pa.struct(
-    [("variant", pa.string()), ("num_searches", pa.int64()), ("answer", pa.string()), ("support_passage", pa.string())]
-)
-
-
-def read_input(path: Path, max_rows: int | None = None) -> tuple[pa.Schema, list[dict[str, Any]]]:
-    """The input's schema and rows (the first ``max_rows``).
-
-    Raises:
-        ValueError: the file cannot be read, lacks a required column, or a row lacks its id or gold answers.
-    """
-    try:
-        table = pq.read_table(path)
-    except (OSError, pa.ArrowInvalid) as e:
-        raise ValueError(f"cannot read input {path}: {e}") from e
-    for col in REQUIRED_COLUMNS:
-        if col not in table.column_names:
-            raise ValueError(
-                f"input {path} has no column {col!r} (columns: {table.column_names}); "
-                "synth_sft needs rows written by data_prep.qa_to_parquet"
-            )
-    for col in ("trajectory", "sft"):
-        if col in table.column_names:
-            raise ValueError(f"input {path} already has a {col!r} column; give the question rows, not an SFT file")
-    rows = table.slice(0, max_rows).to_pylist() if max_rows is not None else table.to_pylist()
-    for i, r in enumerate(rows):
-        try:
-            ok = bool(r["extra_info"]["id"]) and bool(r["reward_model"]["ground_truth"]["target"]) and r["question"]
-        except (KeyError, TypeError):
-            ok = False
-        if not ok:
-            raise ValueError(
-                f"input {path} row {i}: needs extra_info.id, question and reward_model.ground_truth.target"
-            )
-    return table.schema.remove_metadata(), rows
-
-
-def write_output(rows: list[dict[str, Any]], schema: pa.Schema, path: Path) -> None:
-    """Write rows as zstd parquet: the input schema plus ``trajectory`` and ``sft`` (atomic replace)."""
-    schema = schema.append(pa.field("trajectory", pa.list_(TURN_TYPE))).append(pa.field("sft", SFT_TYPE))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp, compression="zstd")
-    os.replace(tmp, path)
-
-
 def http_search_fn(url: str, topk: int) -> tuple[SearchFn, dict[str, Any]]:
     """A ``SearchFn`` over the shared ``RetrieverClient`` (batches of 64), and each URL's ``/health`` summary."""
     import httpx
 
-    from search_rl.agent.retriever_client import RetrieverClient, RetrieverError
     from search_rl.config import RetrieverClientConfig
+    from search_rl.rollout.retriever_client import RetrieverClient, RetrieverError
 
     client = RetrieverClient(RetrieverClientConfig(url=url, topk=topk, max_queries_per_request=64, max_concurrency=4))
     client.check_reachable()
@@ -317,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--topk, --max-searches and --max-rows must be >= 1")
     if not 0.0 <= args.no_think_fraction <= 1.0:
         ap.error(f"--no-think-fraction must be in [0, 1], got {args.no_think_fraction}")
-    from search_rl.agent.retriever_client import RetrieverError
+    from search_rl.rollout.retriever_client import RetrieverError
 
     try:
         schema, rows = read_input(args.input, args.max_rows)

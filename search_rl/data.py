@@ -24,8 +24,9 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 from transformers import PreTrainedTokenizerBase
 
-from search_rl.agent.prompts import encode_prompt
 from search_rl.protocol import PromptBatch
+from search_rl.rollout.prompts import encode_prompt
+from search_rl.seeds import epoch_seed
 
 logger = logging.getLogger(__name__)
 
@@ -283,7 +284,8 @@ class PromptLoader:
     def _order(self, epoch: int) -> list[int]:
         if not self.shuffle:
             return list(range(len(self.dataset)))
-        return torch.randperm(len(self.dataset), generator=torch.Generator().manual_seed(self.seed + epoch)).tolist()
+        generator = torch.Generator().manual_seed(epoch_seed(self.seed, epoch))
+        return torch.randperm(len(self.dataset), generator=generator).tolist()
 
     def next_batch(self) -> Any:
         """The next batch, already repeated ``n_samples`` times per prompt."""

@@ -344,7 +344,7 @@ def check_budgets(s: DemoSettings) -> None:
 def train_stage(s: DemoSettings, stage: str, overrides: list[str], steps: int, fresh: bool) -> StageRun:
     """Train one stage (``sft`` or ``rl``) through its entry point's ``prepare``/``train``, or reuse the stage's run
     when it already reached ``steps``; returns its last checkpoint."""
-    from search_rl.checkpoint import CheckpointManager
+    from search_rl.trainer.checkpoint import CheckpointManager
 
     run_dir = s.stage_dir(stage)
     latest = CheckpointManager(run_dir, 1).resolve("auto")
@@ -361,7 +361,7 @@ def train_stage(s: DemoSettings, stage: str, overrides: list[str], steps: int, f
         fields: tuple[tuple[str, str], ...] = ProgressSink.SFT_FIELDS
     else:
         from search_rl import main_ppo as entry  # type: ignore[no-redef]
-        from search_rl.config import load_config
+        from search_rl.configure import load_config
 
         cfg = load_config(overrides)
         fields = ProgressSink.RL_FIELDS

@@ -1,7 +1,7 @@
 """What the training entry points share (``main_ppo``, ``main_sft``; neither imports the other).
 
-The setup errors ``prepare`` reports, the device, the worker specs and groups, the metric sinks, running the loop
-with its workers (in Ray or in this process), and the body of ``main``.
+The setup errors ``prepare`` reports, the device, the worker specs and groups, the metric sinks, the workers' session
+(Ray or this process, ``worker_session``), and the body of ``main``.
 """
 
 from __future__ import annotations
@@ -9,32 +9,29 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
-from search_rl.agent.retriever_client import RetrieverError
-from search_rl.config import ConfigError, TrainerConfig, to_config
+from search_rl.config import ConfigError, TrainerConfig
+from search_rl.configure import to_config
 from search_rl.ray_session import ray_session
+from search_rl.rollout.retriever_client import RetrieverError
 from search_rl.tracking import Tracker, build_tracker
-from search_rl.trainer import RetrieverOutage
+from search_rl.trainer.collect import RetrieverOutage
+from search_rl.trainer.loop import History
 from search_rl.workers import LocalWorkerGroup, WorkerGroup, WorkerSpec
 
 PREPARE_ERRORS = (ConfigError, ValueError, RetrieverError, FileNotFoundError, ImportError)
 """What ``prepare`` may raise about the user's setup; reported as one line and exit code 2."""
 
-History = list[tuple[int, dict[str, float]]]
-"""``(step, metrics)`` of every logged step."""
 
 P = TypeVar("P")
-
-
-class Loop(Protocol):
-    """A trainer: ``PPOTrainer`` or ``SFTTrainer``."""
-
-    def fit(self) -> History: ...
+G = TypeVar("G")
 
 
 def resolve_device(requested: str, use_ray: bool = True) -> str:
@@ -89,18 +86,34 @@ def build_run_tracker(t: TrainerConfig, config_dict: dict[str, Any] | None) -> T
     )
 
 
-def fit_with_workers(t: TrainerConfig, tracker: Tracker, build: Callable[[str, bool, list[Any]], Loop]) -> History:
-    """Run the loop that ``build(device, local, groups)`` makes, and return its metric history.
+@dataclass
+class WorkerSession:
+    """Where a run's workers live: the device, whether they are in-process (``trainer.use_ray=false``), and the
+    groups started so far (shut down when the session ends)."""
 
-    With Ray (``ray_session``: started unless already running), ``build`` appends the worker groups it starts to
-    ``groups``, which are shut down on the way out; with ``trainer.use_ray=false`` it gets ``local=True`` and builds
-    in-process workers. The tracker is closed on the way out, also on failure.
-    """
+    device: str
+    local: bool
+    groups: list[Any] = field(default_factory=list)
+
+    def started(self, group: G) -> G:
+        """Register ``group`` (a worker group or rollout source) for shutdown; returns it."""
+        if not self.local:
+            self.groups.append(group)
+        return group
+
+
+@contextmanager
+def worker_session(t: TrainerConfig, tracker: Tracker) -> Iterator[WorkerSession]:
+    """The run's workers' home: Ray (``ray_session``: started unless already running) or, with
+    ``trainer.use_ray=false``, this process. Groups registered with ``session.started`` are shut down on the way out,
+    and the tracker is closed, also on failure."""
     try:
         if not t.use_ray:
-            return build(resolve_device(t.device, use_ray=False), True, []).fit()
+            yield WorkerSession(resolve_device(t.device, use_ray=False), local=True)
+            return
         with ray_session(t.ray_address) as groups:
-            return build(resolve_device(t.device), False, groups).fit()
+            session = WorkerSession(resolve_device(t.device), local=False, groups=groups)
+            yield session
     finally:
         tracker.close()
 

@@ -14,8 +14,8 @@ answer turn. Same model, same greedy decoding, same scoring (``reward`` config).
 ``trajectories.jsonl`` (the rollout-dump records of ``search_rl.tracking.rollout_dump``) under
 ``<output_dir>/<baseline>-<time>/``. The last line on stdout is ``eval n=<count> em=<x> subem=<y> f1=<z>`` over all
 scored rows; per-source EM / sub-EM / F1, answer rate and searches per question are logged above it, with the search
-diagnostics (``search_rl.search_stats``: valid-search rate, duplicate queries, gold retrieved, wrong answers split into
-no answer / no search / retrieval missed / read wrong, EM by number of searches, answer length). ``python -m
+diagnostics (``search_rl.reward.search_stats``: valid-search rate, duplicate queries, gold retrieved, wrong answers
+split into no answer / no search / retrieval missed / read wrong, EM by number of searches, answer length). ``python -m
 search_rl.tools.diagnose --eval <run>/metrics.json`` prints them as a table.
 
 With ``n_samples=k > 1`` every question is rolled out ``k`` times at ``actor_rollout_ref.rollout.temperature`` (top-p,
@@ -38,24 +38,17 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from search_rl.agent.generation_manager import LLMGenerationManager
-from search_rl.agent.prompts import encode_prompt
-from search_rl.agent.retriever_client import RetrieverClient, RetrieverError
-from search_rl.config import (
-    CONFIG_DIR,
-    ConfigError,
-    EvalConfig,
-    exit_on_renamed,
-    load_config,
-    register_configs,
-    to_config,
-)
+from search_rl.config import CONFIG_DIR, ConfigError, EvalConfig, exit_on_renamed, register_configs
+from search_rl.configure import load_config, to_config
 from search_rl.data import PromptDataset, read_rows
 from search_rl.datatypes import Trajectory
 from search_rl.models import dtype_of, load_model, load_tokenizer
 from search_rl.protocol import PromptBatch
-from search_rl.rollout.hf import HFEngine
-from search_rl.scoring import answer_metrics, pass_at_k_metrics, score_trajectories
+from search_rl.reward.scoring import answer_metrics, pass_at_k_metrics, score_trajectories
+from search_rl.rollout.engines.hf import HFEngine
+from search_rl.rollout.generation_manager import LLMGenerationManager
+from search_rl.rollout.prompts import encode_prompt
+from search_rl.rollout.retriever_client import RetrieverClient, RetrieverError
 from search_rl.templates import load_template, render_prompt
 from search_rl.tracking.rollout_dump import write_records
 

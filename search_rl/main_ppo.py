@@ -9,7 +9,7 @@ The only module that knows every concrete class. Order of work: compose and type
 ``prepare``: everything that can fail without Ray (cross-field checks against the model's context length, the
 retriever's ``/health`` and one real search, the data files and prompt lengths, metric sinks) — a failure there
 exits with code 2 and one clear message. Only then ``train`` starts Ray (``ray_session``), the worker groups and the
-``PPOTrainer``.
+``TrainingLoop`` with a ``PPOStep``.
 """
 
 from __future__ import annotations
@@ -23,19 +23,22 @@ import hydra
 from omegaconf import DictConfig
 from transformers import PreTrainedTokenizerBase
 
-from search_rl.agent.retriever_client import RetrieverClient
-from search_rl.async_rollout import AsyncRolloutSource, SourceSettings, WeightStore
-from search_rl.checkpoint import CheckpointManager
+from search_rl.algorithms import estimator_needs
+from search_rl.async_rollout.build import build_rollout_source
 from search_rl.config import CONFIG_DIR, ConfigError, PPOConfig, StepSettings, register_configs
 from search_rl.data import PromptDataset, PromptLoader, read_rows
-from search_rl.launch import History, build_run_tracker, fit_with_workers, make_group, run_main, worker_specs
+from search_rl.launch import build_run_tracker, make_group, run_main, worker_session, worker_specs
 from search_rl.models import load_tokenizer, model_context_length
 from search_rl.protocol import PromptBatch
+from search_rl.rollout.retriever_client import RetrieverClient
 from search_rl.tracking import RolloutDumper, Tracker
-from search_rl.trainer import PPOTrainer, RolloutSource, Workers, _step_seed
+from search_rl.trainer.checkpoint import CheckpointManager
+from search_rl.trainer.collect import AsyncCollector, Collector, RolloutSource, SyncCollector, Workers
+from search_rl.trainer.loop import History, RunDumper, TrainingLoop, Validation
+from search_rl.trainer.ppo import PPOStep
+from search_rl.workers import WorkerSpec
 from search_rl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from search_rl.workers.critic import CriticWorker
-from search_rl.workers.generator import GeneratorWorker
 
 logger = logging.getLogger("search_rl.main_ppo")
 
@@ -123,104 +126,83 @@ def check_mode(cfg: PPOConfig) -> None:
         )
 
 
-def source_settings(cfg: PPOConfig) -> SourceSettings:
-    """The coordinator's schedule: ``one_step_off`` is one batch in flight, one version stale; ``async`` takes
-    ``trainer.max_staleness`` and ``trainer.max_queue_batches``."""
-    t, per_step = cfg.trainer, cfg.data.train_batch_size
-    one_off = t.mode == "one_step_off"
-    return SourceSettings(
-        max_staleness=1 if one_off else t.max_staleness,
-        capacity_groups=per_step * (1 if one_off else t.max_queue_batches),
-        groups_per_step=per_step,
-        n_shards=t.n_workers,
-        max_restarts=t.max_generator_restarts,
-        timeout_s=t.worker_timeout_s,
-    )
-
-
-def build_rollout_source(cfg: PPOConfig, loader: PromptLoader, actor: Workers, device: str) -> AsyncRolloutSource:
-    """The generators (Ray actors, each its own engine), the weight store and the coordinator of the asynchronous
-    modes. Generators get ``trainer.cpus_per_worker`` CPUs and, on GPU, a GPU each (the actor workers keep theirs).
-
-    Raises:
-        ConfigError: on GPU, fewer GPUs than actor workers + generators.
-    """
-    import ray
-
-    t = cfg.trainer
-    if device == "cuda" and ray.cluster_resources().get("GPU", 0) < t.n_workers + t.n_generators:
-        raise ConfigError(
-            f"trainer.mode={t.mode} on GPU gives each of trainer.n_workers={t.n_workers} actor workers and "
-            f"trainer.n_generators={t.n_generators} generators a GPU; Ray sees "
-            f"{ray.cluster_resources().get('GPU', 0):g}"
-        )
-    spec = worker_specs(t, device, n_groups=(2 if cfg.use_critic else 1) + t.n_generators)[0]
-    store = ray.remote(WeightStore).options(num_cpus=0).remote()
-    remote_cls: Any = ray.remote(GeneratorWorker)
-
-    def make_generator(i: int) -> Any:
-        return remote_cls.options(num_cpus=t.cpus_per_worker, num_gpus=1.0 if device == "cuda" else 0.0).remote(
-            spec, cfg.model, cfg.actor_rollout_ref.rollout, cfg.retriever, store
-        )
-
-    return AsyncRolloutSource(
-        source_settings(cfg),
-        loader=loader,
-        actor=actor,
-        store=store,
-        make_generator=make_generator,
-        n_generators=t.n_generators,
-        seed_for=lambda k: _step_seed(t.seed, k),
-    )
-
-
-def build_trainer(
-    cfg: PPOConfig, prepared: Prepared, actor: Workers, critic: Workers | None, source: RolloutSource | None = None
-) -> PPOTrainer:
-    """The loop with its collaborators."""
-    run_dir = Path(cfg.trainer.default_local_dir)
-    tokenizer = prepared.tokenizer
-    settings = StepSettings(
+def step_settings(cfg: PPOConfig, tokenizer: PreTrainedTokenizerBase) -> StepSettings:
+    """The facts about the run that a step needs besides the trainer and algorithm settings."""
+    rollout = cfg.actor_rollout_ref.rollout
+    return StepSettings(
         pad_token_id=int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id),
-        response_width=cfg.actor_rollout_ref.rollout.max_response_tokens,
+        response_width=rollout.max_response_tokens,
         use_reference=cfg.use_reference,
-        greedy_baseline=cfg.needs_greedy_baseline,
+        greedy_baseline=estimator_needs(cfg.algorithm.adv_estimator).greedy_baseline,
         reward=cfg.reward,
-        max_retriever_error_rate=cfg.actor_rollout_ref.rollout.max_retriever_error_rate,
-        train_on_retriever_errors=cfg.actor_rollout_ref.rollout.train_on_retriever_errors,
+        max_retriever_error_rate=rollout.max_retriever_error_rate,
+        train_on_retriever_errors=rollout.train_on_retriever_errors,
         old_logprobs=cfg.actor_rollout_ref.actor.old_logprobs,
         on_policy_update=cfg.on_policy_update,
         engine_matches_trainer=cfg.engine_matches_trainer,
     )
-    return PPOTrainer(
-        cfg.trainer,
+
+
+def build_collector(
+    cfg: PPOConfig, prepared: Prepared, actor: Workers, source: RolloutSource | None = None
+) -> Collector:
+    """Lock-step rollouts on the actor workers (``trainer.mode=sync``) or the asynchronous generators' ``source``."""
+    settings = step_settings(cfg, prepared.tokenizer)
+    if source is not None:
+        return AsyncCollector(source, prepared.train_loader, settings)
+    t = cfg.trainer
+    return SyncCollector(actor, prepared.train_loader, cfg.algorithm, settings, t.seed, t.n_workers)
+
+
+def build_trainer(
+    cfg: PPOConfig, prepared: Prepared, actor: Workers, critic: Workers | None, source: RolloutSource | None = None
+) -> TrainingLoop:
+    """The loop with its collaborators: a ``PPOStep`` over the collector, validation, checkpoints, dumps."""
+    t, run_dir, settings = cfg.trainer, Path(cfg.trainer.default_local_dir), step_settings(cfg, prepared.tokenizer)
+    dumper = RunDumper(RolloutDumper(run_dir / "rollouts", prepared.tokenizer) if t.dump_rollouts else None, True)
+    step = PPOStep(
         cfg.algorithm,
         settings,
         actor=actor,
         critic=critic,
-        train_data=prepared.train_loader,
-        val_data=prepared.val_batch,
+        collector=build_collector(cfg, prepared, actor, source),
+        dumper=dumper,
+        critic_warmup=t.critic_warmup,
+    )
+    validation = None
+    if prepared.val_batch is not None:
+        validation = Validation(prepared.val_batch, cfg.reward, settings.response_width)
+    return TrainingLoop(
+        t,
+        step,
+        actor=actor,
+        critic=critic,
+        validation=validation,
         tracker=prepared.tracker,
-        checkpoints=CheckpointManager(run_dir, cfg.trainer.max_ckpt_to_keep),
-        dumper=RolloutDumper(run_dir / "rollouts", tokenizer) if cfg.trainer.dump_rollouts else None,
-        source=source,
+        checkpoints=CheckpointManager(run_dir, t.max_ckpt_to_keep),
+        dumper=dumper,
     )
 
 
-def train(cfg: PPOConfig, prepared: Prepared) -> History:
-    """Start Ray (unless already running, or ``trainer.use_ray=false``), the workers and the loop; return the metric
-    history (``launch.fit_with_workers``)."""
+def generator_spec(cfg: PPOConfig, device: str) -> WorkerSpec:
+    """A generator's share of the machine: the actor, critic and generators split the cores."""
+    t = cfg.trainer
+    return worker_specs(t, device, n_groups=(2 if cfg.use_critic else 1) + t.n_generators)[0]
 
-    def build(device: str, local: bool, groups: list[Any]) -> PPOTrainer:
-        actor, critic = build_workers(cfg, device, local=local)
-        groups += [actor, critic]
+
+def train(cfg: PPOConfig, prepared: Prepared) -> History:
+    """Start the workers (in Ray unless ``trainer.use_ray=false``), the rollout source of the asynchronous modes and
+    the loop; return the metric history."""
+    with worker_session(cfg.trainer, prepared.tracker) as session:
+        actor, critic = build_workers(cfg, session.device, local=session.local)
+        session.started(actor)
+        if critic is not None:
+            session.started(critic)
         source = None
         if cfg.trainer.mode != "sync":
-            source = build_rollout_source(cfg, prepared.train_loader, actor, device)
-            groups.append(source)
-        return build_trainer(cfg, prepared, actor, critic, source)
-
-    return fit_with_workers(cfg.trainer, prepared.tracker, build)
+            spec = generator_spec(cfg, session.device)
+            source = session.started(build_rollout_source(cfg, prepared.train_loader, actor, spec))
+        return build_trainer(cfg, prepared, actor, critic, source).fit()
 
 
 def run(cfg: PPOConfig, config_dict: dict[str, Any] | None = None) -> History:

@@ -9,7 +9,8 @@ Teaches the policy the search protocol from synthesised trajectories (``python -
 next-token log-likelihood on the model turns, the retrieved ``<information>`` tokens never carry loss (the RL mask).
 Same structure as ``main_ppo``: compose and type-check the config, ``prepare`` everything that can fail without Ray
 (budgets against the model's context, the data, the retriever when validation searches) — a failure there exits
-with code 2 and one message — then Ray, the actor workers and ``SFTTrainer``. Checkpoints are ``main_ppo``'s.
+with code 2 and one message — then Ray, the actor workers and the ``TrainingLoop`` with an ``SFTStep``.
+Checkpoints are ``main_ppo``'s.
 """
 
 from __future__ import annotations
@@ -25,25 +26,19 @@ import hydra
 from omegaconf import DictConfig
 from transformers import PreTrainedTokenizerBase
 
-from search_rl.agent.retriever_client import RetrieverClient
-from search_rl.checkpoint import CheckpointManager
-from search_rl.config import (
-    CONFIG_DIR,
-    AlgorithmConfig,
-    SFTConfig,
-    StepSettings,
-    exit_on_renamed,
-    load_config,
-    register_configs,
-)
+from search_rl.config import CONFIG_DIR, AlgorithmConfig, SFTConfig, exit_on_renamed, register_configs
+from search_rl.configure import load_config
 from search_rl.data import PromptDataset, PromptLoader, read_rows
-from search_rl.launch import History, build_run_tracker, fit_with_workers, make_group, run_main, worker_specs
+from search_rl.launch import build_run_tracker, make_group, run_main, worker_session, worker_specs
 from search_rl.models import load_tokenizer, model_context_length
 from search_rl.protocol import PromptBatch
+from search_rl.rollout.retriever_client import RetrieverClient
 from search_rl.sft.data import SFTDataset
-from search_rl.sft.trainer import SFTTrainer
 from search_rl.tracking import RolloutDumper, Tracker
-from search_rl.trainer import Workers
+from search_rl.trainer.checkpoint import CheckpointManager
+from search_rl.trainer.collect import Workers
+from search_rl.trainer.loop import History, RunDumper, TrainingLoop, Validation
+from search_rl.trainer.sft import SFTStep
 from search_rl.workers.actor_rollout_ref import ActorRolloutRefWorker
 
 logger = logging.getLogger("search_rl.main_sft")
@@ -110,40 +105,30 @@ def build_actor(cfg: SFTConfig, device: str, local: bool = False) -> Workers:
     return group
 
 
-def build_trainer(cfg: SFTConfig, prepared: PreparedSFT, actor: Workers) -> SFTTrainer:
-    """The loop with its collaborators."""
-    run_dir = Path(cfg.trainer.default_local_dir)
-    settings = StepSettings(
-        pad_token_id=prepared.dataset.pad_token_id,
-        response_width=cfg.rollout.max_response_tokens,
-        use_reference=False,
-        greedy_baseline=False,
-        reward=cfg.reward,
-    )
-    return SFTTrainer(
-        cfg.trainer,
-        AlgorithmConfig(use_kl_loss=False, mask_observations=cfg.mask_observations),
-        settings,
+def build_trainer(cfg: SFTConfig, prepared: PreparedSFT, actor: Workers) -> TrainingLoop:
+    """The loop with its collaborators: an ``SFTStep``, validation, checkpoints, dumps."""
+    t, run_dir = cfg.trainer, Path(cfg.trainer.default_local_dir)
+    dumper = RunDumper(RolloutDumper(run_dir / "rollouts", prepared.tokenizer) if t.dump_rollouts else None, True)
+    validation = None
+    if prepared.val_batch is not None:
+        validation = Validation(prepared.val_batch, cfg.reward, cfg.rollout.max_response_tokens)
+    return TrainingLoop(
+        t,
+        SFTStep(actor, prepared.train_loader),
         actor=actor,
         critic=None,
-        train_data=prepared.train_loader,
-        val_data=prepared.val_batch,
+        validation=validation,
         tracker=prepared.tracker,
-        checkpoints=CheckpointManager(run_dir, cfg.trainer.max_ckpt_to_keep),
-        dumper=RolloutDumper(run_dir / "rollouts", prepared.tokenizer) if cfg.trainer.dump_rollouts else None,
+        checkpoints=CheckpointManager(run_dir, t.max_ckpt_to_keep),
+        dumper=dumper,
     )
 
 
 def train(cfg: SFTConfig, prepared: PreparedSFT) -> History:
-    """Start Ray (unless already running, or ``trainer.use_ray=false``), the actor workers and the loop; return the
-    metric history (``launch.fit_with_workers``)."""
-
-    def build(device: str, local: bool, groups: list[Any]) -> SFTTrainer:
-        actor = build_actor(cfg, device, local=local)
-        groups.append(actor)
-        return build_trainer(cfg, prepared, actor)
-
-    return fit_with_workers(cfg.trainer, prepared.tracker, build)
+    """Start the actor workers (in Ray unless ``trainer.use_ray=false``) and the loop; return the metric history."""
+    with worker_session(cfg.trainer, prepared.tracker) as session:
+        actor = session.started(build_actor(cfg, session.device, local=session.local))
+        return build_trainer(cfg, prepared, actor).fit()
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="sft_trainer", version_base=None)

@@ -22,15 +22,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import torch
 
 from search_rl.algorithms.masked import masked_whiten
+from search_rl.config import AlgorithmConfig
 from search_rl.registry import Registry
-
-if TYPE_CHECKING:  # the config validates names against this module's registry, so it imports this module
-    from search_rl.config import AlgorithmConfig
 
 F = TypeVar("F", bound=Callable[..., object])
 

@@ -14,15 +14,11 @@ which lets advantages vary per token (the paper's GSPO-token; with one advantage
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from search_rl.algorithms.losses import LOG_RATIO_CLAMP, POLICY_LOSSES, aggregate_loss
 from search_rl.algorithms.masked import masked_mean
-
-if TYPE_CHECKING:
-    from search_rl.config import AlgorithmConfig
+from search_rl.config import AlgorithmConfig
 
 
 def sequence_log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:

@@ -7,15 +7,13 @@ Used when ``algorithm.use_kl_in_reward`` is true (classic RLHF PPO). The adaptiv
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
 from search_rl.algorithms.losses import estimate_kl
 from search_rl.algorithms.masked import masked_mean
-
-if TYPE_CHECKING:  # the config validates names against this package's registries, so it imports this package
-    from search_rl.config import AlgorithmConfig
+from search_rl.config import AlgorithmConfig
 
 ADAPTIVE_KL_MAX_ERROR = 0.2
 """The adaptive controller clips its proportional error to +-20% (Ziegler et al. 2019)."""

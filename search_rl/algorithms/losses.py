@@ -15,15 +15,12 @@ Three registries, each with one signature:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 
 from search_rl.algorithms.masked import masked_mean, masked_sum
+from search_rl.config import AlgorithmConfig
 from search_rl.registry import Registry
-
-if TYPE_CHECKING:  # the config validates names against this module's registries, so it imports this module
-    from search_rl.config import AlgorithmConfig
 
 LOG_RATIO_CLAMP = 20.0
 """Log-ratios are clamped to +-20 before ``exp`` so one stale token cannot overflow the ratio (as verl)."""

@@ -7,7 +7,7 @@ queue of whole groups, versioned weights (``docs/training.md#training-modes``).
 - ``coordinator.py``: ``AsyncRolloutSource``, the thread that feeds generators and the queue; the trainer's source of
   rollouts in the asynchronous modes.
 
-The generator actor itself is ``search_rl.workers.generator.GeneratorWorker``.
+The generator actor itself is ``search_rl.async_rollout.generator.GeneratorWorker``.
 """
 
 from search_rl.async_rollout.coordinator import AsyncRolloutSource, GeneratorFailure, SourceSettings

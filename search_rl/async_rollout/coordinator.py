@@ -63,14 +63,14 @@ class Loader(Protocol):
 
 
 class Publisher(Protocol):
-    """What the source needs from the actor group: ``broadcast("publish_weights", version)``."""
+    """What the source needs from the actor group: ``broadcast("sync_weights", version, publish=True)``."""
 
     def broadcast(self, method: str, *args: Any, **kwargs: Any) -> list[Any]: ...
 
 
 @dataclass(frozen=True)
 class SourceSettings:
-    """How the coordinator schedules (``main_ppo.build_rollout_source`` derives it from ``trainer.*``)."""
+    """How the coordinator schedules (``async_rollout.build.build_rollout_source`` derives it from ``trainer.*``)."""
 
     max_staleness: int
     """Most weight versions a trained group may lag behind the trainer."""
@@ -162,7 +162,7 @@ class AsyncRolloutSource:
         Raises:
             RuntimeError: an engine reports another version.
         """
-        outs = self.actor.broadcast("publish_weights", version)
+        outs = self.actor.broadcast("sync_weights", version, publish=True)
         versions = sorted({v for v, _ in outs})
         if versions != [version]:
             raise RuntimeError(f"weight publish: engines report versions {versions}, expected {version}")

@@ -2,9 +2,10 @@
 
 The trainer never pushes weights into a generator (its engine may be in the middle of a unit of work). Instead:
 
-1. after each update the actor group's ``publish_weights(version)`` gathers the full state dict (every rank joins
-   the gather), and rank 0 ``ray.put``s it, in the compute dtype, tied tensors once, on the CPU, into Ray's object
-   store; it returns the object reference wrapped in a list, so Ray hands over the reference, not the tensors;
+1. after each update the actor group's ``sync_weights(version, publish=True)`` gathers the full state dict (every
+   rank joins the gather), and rank 0 ``ray.put``s it, in the compute dtype, tied tensors once, on the CPU, into
+   Ray's object store; it returns the object reference wrapped in a list, so Ray hands over the reference, not
+   the tensors;
 2. the driver records ``(version, reference)`` here, replacing the previous one (whose memory Ray frees once no
    generator still holds it): one version in the store, whatever the number of generators;
 3. a generator, between two units of work, asks ``latest()`` and, if the version is newer than its engine's, fetches

@@ -8,7 +8,7 @@ One layout per concept, the same key path for the same setting in every entry po
 - ``algorithm.py``: ``algorithm.*``, the RL objective.
 - ``run.py``: ``data.*``, ``reward.*``, ``trainer.*``, and ``StepSettings`` (what one step needs from them).
 - ``ppo.py``, ``sft.py``, ``eval.py``: the roots of ``ppo_trainer.yaml``, ``sft_trainer.yaml``, ``eval.yaml``.
-- ``loading.py``: composing with Hydra, unknown and moved keys.
+- ``loading.py``: composing with Hydra, unknown and moved keys (``search_rl.configure`` adds the registry checks).
 
 Components receive the narrow config they need (``RolloutConfig``, not the root).
 """
@@ -20,10 +20,10 @@ from search_rl.config.loading import (
     CONFIG_DIR,
     RENAMED,
     check_renamed,
+    compose_config,
     exit_on_renamed,
-    load_config,
     register_configs,
-    to_config,
+    to_typed,
     unknown_keys,
 )
 from search_rl.config.model import DTYPES, ModelConfig, OptimConfig, check_trainable_dtype
@@ -71,8 +71,8 @@ __all__ = [
     "check_renamed",
     "check_trainable_dtype",
     "exit_on_renamed",
-    "load_config",
+    "compose_config",
     "register_configs",
-    "to_config",
+    "to_typed",
     "unknown_keys",
 ]

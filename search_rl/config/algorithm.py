@@ -7,9 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from search_rl.algorithms.advantages import ADVANTAGES
-from search_rl.algorithms.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
-
 KL_CTRL_TYPES = ("fixed", "adaptive")
 """Valid ``kl_ctrl_type`` values."""
 
@@ -17,7 +14,7 @@ KL_CTRL_TYPES = ("fixed", "adaptive")
 @dataclass
 class FilterGroupsConfig:
     """DAPO's dynamic sampling (https://arxiv.org/abs/2503.14476): train only on groups whose rewards differ, and
-    roll out further prompts to fill the batch (``search_rl/dynamic_sampling.py``, ``docs/algorithms.md``)."""
+    roll out further prompts to fill the batch (``search_rl/trainer/dynamic_sampling.py``, ``docs/algorithms.md``)."""
 
     enable: bool = False
     """Drop the groups (the ``rollout.n`` samples of a prompt) whose ``metric`` is equal on every sample, and roll
@@ -111,19 +108,6 @@ class AlgorithmConfig:
     """DAPO's dynamic sampling: keep only groups whose rewards differ (off by default)."""
 
     def __post_init__(self) -> None:
-        for field_name, registry in (
-            ("adv_estimator", ADVANTAGES),
-            ("policy_loss", POLICY_LOSSES),
-            ("kl_reward_type", KL_ESTIMATORS),
-            ("kl_loss_type", KL_ESTIMATORS),
-            ("loss_agg_mode", LOSS_AGGREGATIONS),
-        ):
-            name = getattr(self, field_name)
-            try:
-                registry.get(name)
-            except (KeyError, ImportError, AttributeError) as e:
-                reason = e.args[0] if e.args else repr(e)  # KeyError's str() would add quotes
-                raise ValueError(f"algorithm.{field_name}={name!r} is not usable: {reason}") from e
         if self.kl_ctrl_type not in KL_CTRL_TYPES:
             raise ValueError(f"algorithm.kl_ctrl_type must be one of {KL_CTRL_TYPES}, got {self.kl_ctrl_type!r}")
         if not 0.0 <= self.gamma <= 1.0:

@@ -1,5 +1,6 @@
 """Composing configs: the schemas registered in Hydra's ``ConfigStore`` (so an unknown key or a wrong type fails at
-compose time), ``load_config`` for code and tests that compose without ``@hydra.main``, unknown-key detection, and
+compose time), ``compose_config`` for code that composes without ``@hydra.main`` (``search_rl.configure.load_config``
+adds the registry checks), unknown-key detection, and
 the keys that moved (an old key fails with a message naming its new path)."""
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def exit_on_renamed(config_name: str, argv: Sequence[str]) -> None:
         sys.exit(2)
 
 
-def load_config(overrides: Sequence[str] = (), config_name: str = "ppo_trainer") -> Any:
+def compose_config(overrides: Sequence[str] = (), config_name: str = "ppo_trainer") -> Any:
     """Compose ``configs/<config_name>.yaml`` with command-line style overrides into its typed config
     (``PPOConfig``, ``SFTConfig`` or ``EvalConfig``, see ``SCHEMAS``).
 
@@ -93,7 +94,7 @@ def load_config(overrides: Sequence[str] = (), config_name: str = "ppo_trainer")
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         composed = compose(config_name=config_name, overrides=list(overrides))
-    return to_config(composed)
+    return to_typed(composed)
 
 
 def unknown_keys(node: Any, schema: type, prefix: str = "") -> list[str]:
@@ -112,7 +113,7 @@ def unknown_keys(node: Any, schema: type, prefix: str = "") -> list[str]:
     return out
 
 
-def to_config(composed: object) -> Any:
+def to_typed(composed: object) -> Any:
     """The dataclass tree of a composed ``DictConfig`` (interpolations resolved, ``__post_init__`` checks run).
 
     Raises:

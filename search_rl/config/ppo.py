@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from search_rl.algorithms import estimator_needs
 from search_rl.config.algorithm import AlgorithmConfig
 from search_rl.config.errors import ConfigError
 from search_rl.config.model import ModelConfig, check_trainable_dtype
@@ -49,14 +48,6 @@ class PPOConfig:
 
     def __post_init__(self) -> None:
         check_trainable_dtype(self.model)
-        rollout, needs = self.actor_rollout_ref.rollout, estimator_needs(self.algorithm.adv_estimator)
-        if rollout.n is None:
-            rollout.n = DEFAULT_GROUP_SIZE if needs.groups else 1
-        if self.critic.enable is None:
-            self.critic.enable = needs.critic
-        if self.algorithm.tis_cap is None:  # a sampler other than the trainer: correct for it
-            mismatch = self.trainer.samples_may_be_stale or not self.engine_matches_trainer
-            self.algorithm.tis_cap = DEFAULT_TIS_CAP if mismatch else 0.0
 
     @property
     def n_samples(self) -> int:
@@ -84,10 +75,6 @@ class PPOConfig:
         actor = self.actor_rollout_ref.actor
         return actor.ppo_epochs == 1 and actor.ppo_mini_batch_size >= self.data.train_batch_size
 
-    @property
-    def needs_greedy_baseline(self) -> bool:
-        return estimator_needs(self.algorithm.adv_estimator).greedy_baseline
-
     def validate(self, max_model_len: int) -> None:
         """Cross-field checks that need no Ray and no model weights (only the model's context length).
 
@@ -99,15 +86,6 @@ class PPOConfig:
         except ValueError as e:
             raise ConfigError(f"impossible length budget: {e}") from e
         self._validate_batches()
-        algo, n = self.algorithm, self.n_samples
-        needs = estimator_needs(algo.adv_estimator)
-        if needs.groups and n < 2:
-            raise ConfigError(
-                f"algorithm.adv_estimator={algo.adv_estimator} compares the samples of each prompt, but "
-                f"actor_rollout_ref.rollout.n={n}; set it to 2 or more (Search-R1 uses 5)"
-            )
-        if needs.critic and not self.use_critic:
-            raise ConfigError(f"algorithm.adv_estimator={algo.adv_estimator} needs a critic; set critic.enable=true")
         if self.trainer.test_freq > 0 and not self.data.val_files:
             raise ConfigError("trainer.test_freq > 0 but data.val_files is empty; add files or set test_freq=0")
         self._validate_dapo_and_warmup()

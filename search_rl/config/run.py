@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from search_rl.config.errors import ConfigError
-from search_rl.reward.shaping import MAX_FORMAT_SCORE, PARTIAL_CREDITS, shaping_enabled
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -14,6 +13,16 @@ LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 
 TRAINER_MODES = ("sync", "one_step_off", "async")
 """``trainer.mode`` values (docs/training.md#training-modes)."""
+
+PARTIAL_CREDITS = ("f1", "subem")
+"""Components that ``reward.partial_credit`` may name."""
+MAX_FORMAT_SCORE = 0.5
+"""``reward.format_score`` stays below this, so that ``1 - fs`` (right, malformed) beats ``fs`` (wrong, well-formed)."""
+
+
+def shaping_enabled(format_score: float, partial_credit: str | None) -> bool:
+    """Whether reward shaping changes anything (with both off the reward is exactly the base score)."""
+    return format_score > 0 or partial_credit is not None
 
 
 @dataclass

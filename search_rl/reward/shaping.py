@@ -32,17 +32,17 @@ budget it can make a right answer score below a wrong one, as DAPO intends. It i
 
 from __future__ import annotations
 
+from search_rl.config.run import MAX_FORMAT_SCORE, PARTIAL_CREDITS, shaping_enabled
 from search_rl.datatypes import RewardResult
 
-PARTIAL_CREDITS = ("f1", "subem")
-"""Components that ``partial_credit`` may name."""
-MAX_FORMAT_SCORE = 0.5
-"""``format_score`` must stay below this, so that ``1 - fs`` (right, malformed) beats ``fs`` (wrong, well-formed)."""
-
-
-def shaping_enabled(format_score: float, partial_credit: str | None) -> bool:
-    """Whether ``shape_reward`` changes anything (with both off the reward is exactly the base score)."""
-    return format_score > 0 or partial_credit is not None
+__all__ = [
+    "MAX_FORMAT_SCORE",
+    "PARTIAL_CREDITS",
+    "apply_overlong_penalty",
+    "overlong_penalty",
+    "shape_reward",
+    "shaping_enabled",
+]
 
 
 def shape_reward(

@@ -1,5 +1,14 @@
-"""Generation engines behind one ``RolloutEngine`` protocol: ``hf`` (transformers, CPU default) and ``vllm`` (GPU)."""
+"""The rollout: the multi-turn search loop and what it talks to.
 
-from search_rl.rollout.base import RolloutEngine
+- ``generation_manager.py``: ``LLMGenerationManager``, the agent loop (token-in/token-out, observation mask 0).
+- ``actions.py`` / ``observations.py`` / ``prompts.py``: parsing a turn, building ``<information>`` blocks, the
+  prompt's token ids.
+- ``retriever_client.py``: ``RetrieverClient``, the HTTP client of the Search-R1 ``/retrieve`` contract.
+- ``engines/``: generation engines behind one ``RolloutEngine`` protocol (``hf``, ``vllm``) and ``build_engine``.
+"""
 
-__all__ = ["RolloutEngine"]
+from search_rl.rollout.engines.base import RolloutEngine
+from search_rl.rollout.generation_manager import LLMGenerationManager, Retriever
+from search_rl.rollout.retriever_client import RetrieverClient, RetrieverError
+
+__all__ = ["LLMGenerationManager", "Retriever", "RetrieverClient", "RetrieverError", "RolloutEngine"]

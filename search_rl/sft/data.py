@@ -15,15 +15,15 @@ from collections.abc import Sequence
 import pandas as pd
 from transformers import PreTrainedTokenizerBase
 
-from search_rl.agent.observations import ObservationBuilder
-from search_rl.agent.prompts import encode_prompt
 from search_rl.algorithms import loss_mask_for
 from search_rl.config import AlgorithmConfig, RolloutConfig
 from search_rl.data import PromptRow, read_rows, resolve_data_path
 from search_rl.datatypes import Trajectory
 from search_rl.protocol import BatchMeta, PromptBatch, TrainBatch
+from search_rl.rollout.observations import ObservationBuilder
+from search_rl.rollout.prompts import encode_prompt
 from search_rl.sft.trajectories import SkipExample, build_trajectory, parse_turns
-from search_rl.steps import build_train_batch
+from search_rl.trainer.steps import build_train_batch
 
 logger = logging.getLogger(__name__)
 

@@ -18,12 +18,12 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from search_rl.agent.actions import parse_action
-from search_rl.agent.observations import ObservationBuilder
 from search_rl.config import RolloutConfig
 from search_rl.datatypes import Passage, Segment, Trajectory, TrajectoryStats
 from search_rl.reward.format import format_ok
 from search_rl.reward.qa_em import is_judgement, normalize_answer
+from search_rl.rollout.actions import parse_action
+from search_rl.rollout.observations import ObservationBuilder
 
 SKIP_REASONS = (
     "prompt_too_long",

@@ -8,7 +8,7 @@ error. Output is Markdown, so it renders in a GitHub issue.
 ``--eval PATH`` prints instead the search breakdown of an evaluation: ``main_eval``'s ``metrics.json`` (or its
 folder), or a training run's folder (its last validation in ``metrics.jsonl``). Per data source: EM, answer rate,
 searches, valid-search and duplicate-query rates, gold retrieved, why answers are wrong (no answer, no search,
-retrieval missed, read wrong), EM by number of searches, answer length (``search_rl.search_stats``).
+retrieval missed, read wrong), EM by number of searches, answer length (``search_rl.reward.search_stats``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-from search_rl.search_stats import ANSWER_SOURCE_LABELS, ANSWER_SOURCES
+from search_rl.reward.search_stats import ANSWER_SOURCE_LABELS, ANSWER_SOURCES
 from search_rl.tools.compare_evals import run_folder
 from search_rl.tracking.jsonl import read_jsonl
 

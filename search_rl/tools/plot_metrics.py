@@ -3,7 +3,7 @@
 Reads ``<run>/metrics.jsonl`` (docs/training.md lists the keys) and writes one PNG per panel to ``<run>/plots/``:
 reward and EM per data source, KL, entropy, response length, searches per trajectory, the search diagnostics
 (valid-search and duplicate-query rates, gold retrieved, why answers are wrong, EM by number of searches, answer
-length; see ``search_rl.search_stats``), and time per phase. Panels whose metrics are absent (no critic, no
+length; see ``search_rl.reward.search_stats``), and time per phase. Panels whose metrics are absent (no critic, no
 validation) are skipped. Uses matplotlib's Agg backend: no display needed.
 """
 

@@ -219,7 +219,7 @@ def render_reference() -> str:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from search_rl.config import load_config
+    from search_rl.configure import load_config
 
     lines = [
         "# Configuration reference",

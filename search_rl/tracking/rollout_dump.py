@@ -18,7 +18,7 @@ records to ``trajectories.jsonl``). One record per trajectory:
 ``stats``           turns, searches, search attempts, valid/invalid actions, truncations, retriever errors
 ``search_calls``    ``[{"query", "passage_ids", "failed"}]``: each query sent, the ids of the passages shown for it
 ``outcome``         ``correct``, ``no_answer``, ``wrong_no_search``, ``retrieval_missed`` or ``read_wrong``;
-                    ``gold_retrieved``: a gold answer was in a passage shown (``search_rl.search_stats``);
+                    ``gold_retrieved``: a gold answer was in a passage shown (``search_rl.reward.search_stats``);
                     ``answer_source`` (read wrong only, else null): ``gold_passage``, ``other_passage``, ``not_shown``
 ``response_tokens`` / ``model_tokens``: lengths; ``weight_version``: the policy version that sampled it
 =================== =====================================================================================
@@ -37,7 +37,7 @@ from transformers import PreTrainedTokenizerBase
 
 from search_rl.datatypes import RewardResult, Trajectory
 from search_rl.protocol import PromptBatch
-from search_rl.search_stats import diagnose
+from search_rl.reward.search_stats import diagnose
 
 
 def mask_spans(mask: torch.Tensor) -> list[list[int]]:

@@ -22,7 +22,6 @@ import contextlib
 import copy
 import logging
 import resource
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,8 +29,6 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
-from search_rl.agent.generation_manager import LLMGenerationManager
-from search_rl.agent.retriever_client import RetrieverClient
 from search_rl.algorithms import compute_actor_loss, loss_mask_for
 from search_rl.config import (
     ActorConfig,
@@ -55,17 +52,17 @@ from search_rl.models.lora import (
 )
 from search_rl.models.weights import save_hf_folder, tensor_aliases, without_aliases
 from search_rl.protocol import PromptBatch, TrainBatch
-from search_rl.rollout.base import RolloutEngine
-from search_rl.rollout.hf import HFEngine
+from search_rl.rollout.engines.base import RolloutEngine
+from search_rl.rollout.engines.factory import build_engine
+from search_rl.rollout.generation_manager import LLMGenerationManager
+from search_rl.rollout.retriever_client import RetrieverClient
+from search_rl.seeds import engine_seed, minibatch_shuffle_seed, rank_seed
 from search_rl.workers import distributed as D
 from search_rl.workers.forward import model_token_count, response_logprobs
 from search_rl.workers.optimization import TrainableModel
 from search_rl.workers.shared_prompts import SharedPrompts
 
 logger = logging.getLogger(__name__)
-
-SEED_STRIDE_PER_RANK = 100_003
-"""Added to the sampling seed per rank, so shards sample different streams."""
 
 
 def actor_loss(
@@ -172,20 +169,15 @@ class ActorRolloutRefWorker:
         self.manager = LLMGenerationManager(self.engine, self.tokenizer, client, self.rollout_cfg.search_loop_config())
 
     def _build_engine(self) -> RolloutEngine:
-        cfg = self.rollout_cfg
-        if cfg.engine == "vllm":
-            from search_rl.rollout.vllm import VLLMEngine
-
-            directory = self.export_for_engine(tempfile.mkdtemp(prefix=f"search-rl-policy-{self.spec.rank}-"))
-            return VLLMEngine(
-                str(directory),
-                gpu_memory_utilization=cfg.gpu_memory_utilization,
-                max_model_len=cfg.hf.max_model_len,
-                seed=self.spec.seed + self.spec.rank,
-            )
-        assert self.engine_model is not None
-        torch.nn.Module.to(self.engine_model, self.spec.torch_device)  # in place
-        return HFEngine(self.engine_model, self.tokenizer, cfg.hf)
+        return build_engine(
+            self.rollout_cfg,
+            self.tokenizer,
+            model=self.engine_model,
+            export=self.export_for_engine,
+            device=self.spec.torch_device,
+            seed=engine_seed(self.spec.seed, self.spec.rank),
+            name=f"policy-{self.spec.rank}",
+        )
 
     def export_for_engine(self, directory: str) -> Path:
         """Write the current policy as an HF folder in the compute dtype (for engines that load from disk, vLLM),
@@ -205,48 +197,36 @@ class ActorRolloutRefWorker:
     def generate(self, prompts: PromptBatch, greedy: bool, seed: int) -> RolloutResult:
         """Roll out this worker's prompts with search; greedy for validation."""
         assert self.manager is not None, "init_distributed first"
-        rank_seed = seed + SEED_STRIDE_PER_RANK * self.spec.rank
-        client = self.manager.retriever
-        retries_before = client.retries if isinstance(client, RetrieverClient) else 0
-        with torch.no_grad():
-            result = self.manager.generate([list(p) for p in prompts.prompt_ids], greedy=greedy, seed=rank_seed)
-        if isinstance(client, RetrieverClient):
-            result.metrics["rollout/retriever_retries"] = float(client.retries - retries_before)
-        return result
+        return self.manager.roll_out(prompts, greedy=greedy, seed=rank_seed(seed, self.spec.rank))
 
-    def sync_weights(self, version: int) -> int:
-        """Load the trained weights into the rollout engine and record ``version``; returns the engine's version.
-        Every rank must call it (the weights are gathered from the shards)."""
-        assert self.engine is not None
-        state = without_aliases(self._plain_state(D.full_state_dict(self.module)), self.aliases)
-        self.engine.update_weights(((k, v.to(self.compute_dtype)) for k, v in state.items()), version)
-        del state
-        return self.engine.weight_version
+    def sync_weights(self, version: int, publish: bool = False) -> tuple[int, list[Any]]:
+        """Load the trained weights into this worker's rollout engine and record ``version``. Every rank must call it
+        (the weights are gathered from the shards).
 
-    def _plain_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The base architecture's state dict: adapters merged in (``W + alpha/r * B @ A``) when training LoRA."""
-        return merged_state_dict(state, self.lora_scaling) if self.lora_scaling is not None else state
-
-    def publish_weights(self, version: int) -> tuple[int, list[Any]]:
-        """``sync_weights`` of the asynchronous modes: load the weights into this worker's own engine (validation,
-        greedy baselines) and, on rank 0, ``ray.put`` them (compute dtype, CPU, tied tensors once) for the generators
-        to pull (``async_rollout.weights``). Every rank must call it.
+        Args:
+            version: the weight version (the step that produced the weights).
+            publish: also ``ray.put`` them on rank 0 (compute dtype, CPU, tied tensors once) for the asynchronous
+                modes' generators to pull (``async_rollout.weights``).
 
         Returns:
-            the engine's version, and ``[object ref]`` on rank 0 (``[]`` elsewhere): a list, so Ray hands the driver
-            the reference rather than the tensors.
+            the engine's version, and ``[object ref]`` on rank 0 when publishing (``[]`` otherwise): a list, so Ray
+            hands the driver the reference rather than the tensors.
         """
         assert self.engine is not None
         state = without_aliases(self._plain_state(D.full_state_dict(self.module)), self.aliases)
         state = {k: v.to(self.compute_dtype) for k, v in state.items()}
         self.engine.update_weights(state.items(), version)
         refs: list[Any] = []
-        if self.spec.rank == 0:
+        if publish and self.spec.rank == 0:
             import ray
 
             refs = [ray.put({k: v.detach().cpu() for k, v in state.items()})]
         del state
         return self.engine.weight_version, refs
+
+    def _plain_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The base architecture's state dict: adapters merged in (``W + alpha/r * B @ A``) when training LoRA."""
+        return merged_state_dict(state, self.lora_scaling) if self.lora_scaling is not None else state
 
     # --- log-probs ---------------------------------------------------------------------------------------------
 
@@ -333,7 +313,7 @@ class ActorRolloutRefWorker:
                 f"update_actor(on_policy=True) needs one optimizer step over one epoch; got {cfg.ppo_epochs} epoch(s) "
                 f"with mini-batches of {mini} samples for a shard of {len(batch)}"
             )
-        seed = (self.spec.seed * 1_000_003 + step) * 7 + self.spec.rank if cfg.shuffle else None
+        seed = minibatch_shuffle_seed(self.spec.seed, step, self.spec.rank) if cfg.shuffle else None
         metrics = self.trainable.ppo_update(
             batch,
             loss_fn,

@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from search_rl.config import load_config
+from search_rl.configure import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -28,11 +28,11 @@ from data_prep.sft_surface import (
     rewrite_query,
 )
 from data_prep.synth_sft import http_search_fn, main, read_input, synthesise
-from search_rl.agent.actions import parse_action
-from search_rl.agent.retriever_client import RetrieverClient
 from search_rl.config import RetrieverClientConfig
 from search_rl.datatypes import Passage
 from search_rl.reward.format import format_ok
+from search_rl.rollout.actions import parse_action
+from search_rl.rollout.retriever_client import RetrieverClient
 
 TRAIN = Path(__file__).resolve().parents[2] / "data" / "datasets" / "nq_hotpotqa_mini" / "train.parquet"
 UNKNOWABLE_ID = "nq-train-unknowable"

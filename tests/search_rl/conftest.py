@@ -13,10 +13,10 @@ from collections.abc import Iterable, Sequence
 import pytest
 import torch
 
-from search_rl.agent.prompts import encode_prompt
 from search_rl.datatypes import Generated, SamplingParams
 from search_rl.models import build_tiny_model, load_tokenizer
-from search_rl.rollout.hf import HFEngine
+from search_rl.rollout.engines.hf import HFEngine
+from search_rl.rollout.prompts import encode_prompt
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(min(2, torch.get_num_threads()))

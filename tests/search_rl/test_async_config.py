@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from search_rl.config import ConfigError, TrainerConfig, load_config
-from search_rl.main_ppo import check_mode, source_settings
+from search_rl.async_rollout.build import source_settings
+from search_rl.config import ConfigError, TrainerConfig
+from search_rl.configure import load_config
+from search_rl.main_ppo import check_mode
 
 
 @pytest.mark.parametrize(

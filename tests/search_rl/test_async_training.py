@@ -28,8 +28,9 @@ import pytest
 from checksum_reward import CHECKSUM_REWARD
 
 from search_rl.async_rollout import GeneratorFailure
-from search_rl.config import load_config
-from search_rl.main_ppo import build_rollout_source, build_trainer, build_workers, prepare, run
+from search_rl.async_rollout.build import build_rollout_source
+from search_rl.configure import load_config
+from search_rl.main_ppo import build_trainer, build_workers, generator_spec, prepare, run
 from search_rl.tracking.jsonl import read_jsonl
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.integration]
@@ -150,7 +151,7 @@ def _fit_killing_a_generator(cfg) -> tuple[object, list]:
     """Build the run by hand, kill generator 0 while it has a unit in flight, and fit."""
     prepared = prepare(cfg)
     actor, critic = build_workers(cfg, "cpu")
-    source = build_rollout_source(cfg, prepared.train_loader, actor, "cpu")
+    source = build_rollout_source(cfg, prepared.train_loader, actor, generator_spec(cfg, "cpu"))
     trainer = build_trainer(cfg, prepared, actor, critic, source)
     killed: list[float] = []
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from search_rl.checkpoint import LATEST_FILE, TRAINER_STATE, CheckpointManager
+from search_rl.trainer.checkpoint import LATEST_FILE, TRAINER_STATE, CheckpointManager
 
 
 def _save(manager: CheckpointManager, step: int) -> None:

@@ -20,7 +20,7 @@ import pytest
 
 from retriever_server.launcher import free_port
 from search_rl import demo
-from search_rl.config import load_config
+from search_rl.configure import load_config
 from search_rl.main_eval import load_eval_config
 from search_rl.main_sft import load_sft_config
 

@@ -13,13 +13,13 @@ from omegaconf import OmegaConf
 
 from search_rl.config import ConfigError
 from search_rl.launch import run_main
-from search_rl.trainer import RetrieverOutage
+from search_rl.trainer.collect import RetrieverOutage
 
 LOGGER = logging.getLogger("test_launch")
 
 
 def _composed():
-    from search_rl.config import load_config
+    from search_rl.configure import load_config
 
     return OmegaConf.structured(load_config(["model=tiny", "do_search=false"]))
 

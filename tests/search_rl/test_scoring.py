@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from search_rl.datatypes import RewardResult
-from search_rl.scoring import pass_at_k_metrics
+from search_rl.reward.scoring import pass_at_k_metrics
 
 
 def results(ems: list[float]) -> list[RewardResult]:

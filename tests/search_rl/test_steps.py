@@ -14,8 +14,8 @@ from search_rl.algorithms import FixedKLController
 from search_rl.config import AlgorithmConfig
 from search_rl.datatypes import RolloutResult, Segment, Trajectory, TrajectoryStats
 from search_rl.protocol import BatchMeta, PromptBatch
-from search_rl.scoring import reward_metrics
-from search_rl.steps import (
+from search_rl.reward.scoring import reward_metrics
+from search_rl.trainer.steps import (
     build_train_batch,
     compute_advantages,
     failed_search_mask,

@@ -22,7 +22,8 @@ import pytest
 import torch
 from checksum_reward import CHECKSUM_REWARD
 
-from search_rl.config import ConfigError, load_config
+from search_rl.config import ConfigError
+from search_rl.configure import load_config
 from search_rl.main_ppo import build_trainer, build_workers, prepare, run
 from search_rl.models import build_tiny_model, load_model
 from search_rl.tracking.jsonl import read_jsonl
@@ -154,14 +155,15 @@ def test_killed_run_resumes_and_reproduces_the_next_step(ppo_run, retriever_url,
     prepared = prepare(cfg)
     actor, critic = build_workers(cfg, "cpu")
     trainer = build_trainer(cfg, prepared, actor, critic)
-    update_actor = trainer.update_actor
+    step = trainer.step_fn
+    update_actor = step.update_actor
 
     def dies_in_step_3(batch):
-        if trainer.step == 3:
+        if step.step == 3:
             raise RuntimeError("killed in the middle of step 3")
         return update_actor(batch)
 
-    trainer.update_actor = dies_in_step_3
+    step.update_actor = dies_in_step_3
     try:
         with pytest.raises(RuntimeError, match="killed in the middle of step 3"):
             trainer.fit()

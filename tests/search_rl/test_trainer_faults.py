@@ -29,9 +29,9 @@ from pathlib import Path
 import pytest
 
 from retriever_server.launcher import RetrieverProcess, bm25_env, free_port
-from search_rl.config import load_config
+from search_rl.configure import load_config
 from search_rl.main_ppo import build_trainer, build_workers, prepare
-from search_rl.trainer import RetrieverOutage
+from search_rl.trainer.collect import RetrieverOutage
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -148,9 +148,9 @@ def test_trajectories_with_a_failed_search_are_left_out_of_the_loss(server, toke
 KILLED_AFTER_COMMIT = textwrap.dedent(
     """
     import os, signal, sys
-    from search_rl.checkpoint import CheckpointManager
+    from search_rl.trainer.checkpoint import CheckpointManager
     from search_rl.main_ppo import build_trainer, build_workers, prepare
-    from search_rl.config import load_config
+    from search_rl.configure import load_config
 
     commit = CheckpointManager._commit
 

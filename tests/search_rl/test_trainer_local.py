@@ -1,4 +1,4 @@
-"""The loop without Ray: ``PPOTrainer`` with in-process workers (``LocalWorkerGroup``), search off, tiny model.
+"""The loop without Ray: ``TrainingLoop`` (``PPOStep``), in-process workers, search off, tiny model.
 
 Every advantage estimator and every preset (``dapo``, ``dr_grpo``, ``gspo``) runs one step through the real phases
 (ReMax with its greedy baseline rollout, the critic only for GAE), and the loop's bookkeeping holds: the weight
@@ -15,11 +15,11 @@ import math
 import pytest
 import torch
 
-from search_rl.config import load_config
+from search_rl.configure import load_config
 from search_rl.datatypes import GroundTruth, RewardResult, Trajectory
-from search_rl.dynamic_sampling import groups_with_spread
 from search_rl.main_ppo import build_trainer, build_workers, prepare
 from search_rl.reward import REWARDS
+from search_rl.trainer.dynamic_sampling import groups_with_spread
 
 BASE = [
     "model=tiny",
@@ -60,7 +60,7 @@ def test_one_step_per_estimator(estimator, extra, tmp_path):
     assert math.isfinite(m["actor/loss"]) and m["rollout/weight_version"] == 0
     assert m["rollout/searches_mean"] == 0 and m["rollout/turns_mean"] == 1  # search off: one answer turn
     assert "val/all/em" in m and ("critic/vf_loss" in m) == (estimator == "gae")
-    assert actor.broadcast("sync_weights", 5) == [5]
+    assert actor.broadcast("sync_weights", 5) == [(5, [])]
 
 
 def _one_step(tmp_path, overrides: list[str]) -> dict[str, float]:
@@ -137,14 +137,12 @@ def test_critic_warmup_moves_only_the_critic(tmp_path):
     overrides = ["algorithm=ppo", "trainer.critic_warmup=1", "trainer.total_training_steps=2"]
     trainer, actor, critic = _run(overrides, tmp_path)
     actor0, critic0 = _weights(actor), _weights(critic)
-    trainer.step = 1
-    m1 = trainer.train_step()
+    m1 = trainer.step_fn.run(1)
     actor1, critic1 = _weights(actor), _weights(critic)
     assert _same(actor0, actor1), "the policy must not move during the critic's warm-up"
     assert not _same(critic0, critic1), "the critic trains during its warm-up"
     assert m1["critic/warmup"] == 1.0 and "critic/vf_loss" in m1 and "actor/pg_loss" not in m1
-    trainer.step = 2
-    m2 = trainer.train_step()
+    m2 = trainer.step_fn.run(2)
     assert m2["rollout/weight_version"] == 0  # the engine still sampled with the initial weights
     assert "critic/warmup" not in m2 and "actor/pg_loss" in m2
     assert not _same(actor1, _weights(actor)) and not _same(critic1, _weights(critic))
@@ -176,8 +174,9 @@ def test_dynamic_sampling_fills_the_batch_from_further_prompts(tmp_path):
         tmp_path,
     )
     _CALLS[0] = 0
-    trainer.step, m = 1, {}
-    collected = trainer.collect(m)
+    step, m = trainer.step_fn, {}
+    step.step = 1
+    collected = step.collector.collect(1, m)
     # batch 1: both groups flat; batch 2: one kept; batch 3: one kept -> the batch is full after 3 of 10
     assert m["dynamic_sampling/gen_batches"] == 3 and m["dynamic_sampling/cap_hit"] == 0
     assert (m["dynamic_sampling/kept_groups"], m["dynamic_sampling/dropped_groups"]) == (2, 4)
@@ -185,6 +184,6 @@ def test_dynamic_sampling_fills_the_batch_from_further_prompts(tmp_path):
     scores = [r.score for r in collected.results]
     assert all(groups_with_spread(scores, collected.prompts.uids))
     assert collected.batch.sample_mask is None or bool(collected.batch.sample_mask.all())
-    batch = trainer.learn(collected, m)
+    batch = step.learn(collected, m)
     assert math.isfinite(m["actor/loss"]) and m["critic/advantages_max"] > 0
     assert batch.input_ids.shape[0] == 8

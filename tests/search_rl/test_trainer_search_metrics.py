@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from search_rl.config import load_config
+from search_rl.configure import load_config
 from search_rl.main_ppo import build_trainer, build_workers, prepare
 
 pytestmark = pytest.mark.integration

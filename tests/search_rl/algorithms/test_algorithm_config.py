@@ -1,4 +1,5 @@
-"""``AlgorithmConfig`` validation: defaults, unknown registry names (listing the available ones), bad values.
+"""``AlgorithmConfig`` validation: defaults, bad values; its registry names, checked by ``configure.resolve``
+(listing the available ones).
 
 Run: python -m pytest tests/search_rl/algorithms/test_algorithm_config.py -q
 """
@@ -11,6 +12,7 @@ import pytest
 
 from search_rl.algorithms import ADVANTAGES
 from search_rl.config import AlgorithmConfig
+from search_rl.configure import check_algorithm_names
 
 
 def test_defaults_are_valid_and_documented():
@@ -23,21 +25,22 @@ def test_defaults_are_valid_and_documented():
 @pytest.mark.parametrize("name", ["gae", "grpo", "rloo", "reinforce_plus_plus", "remax"])
 def test_every_registered_estimator_is_accepted(name: str):
     assert name in ADVANTAGES
-    assert AlgorithmConfig(adv_estimator=name).adv_estimator == name
+    check_algorithm_names(AlgorithmConfig(adv_estimator=name))
 
 
 def test_unknown_estimator_lists_available_names():
     with pytest.raises(
         ValueError, match=r"adv_estimator='ppo'.*registered: gae, grpo, reinforce_plus_plus, remax, rloo"
     ):
-        AlgorithmConfig(adv_estimator="ppo")
+        check_algorithm_names(AlgorithmConfig(adv_estimator="ppo"))
 
 
 def test_import_string_estimator_is_resolved_up_front():
     cfg = AlgorithmConfig(adv_estimator="search_rl.algorithms.advantages:compute_rloo_advantages")
+    check_algorithm_names(cfg)
     assert ADVANTAGES.get(cfg.adv_estimator) is ADVANTAGES.get("rloo")
     with pytest.raises(ValueError, match="adv_estimator"):
-        AlgorithmConfig(adv_estimator="search_rl.algorithms.advantages:nope")
+        check_algorithm_names(AlgorithmConfig(adv_estimator="search_rl.algorithms.advantages:nope"))
 
 
 @pytest.mark.parametrize(
@@ -60,4 +63,4 @@ def test_import_string_estimator_is_resolved_up_front():
 )
 def test_bad_values_are_clear_errors(overrides: dict[str, object], message: str):
     with pytest.raises(ValueError, match=message):
-        AlgorithmConfig(**overrides)  # type: ignore[arg-type]
+        check_algorithm_names(AlgorithmConfig(**overrides))  # type: ignore[arg-type]

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from search_rl.config import ConfigError, load_config
+from search_rl.config import ConfigError
 from search_rl.config.algorithm import FilterGroupsConfig
+from search_rl.configure import load_config
 
 
 def _algo(cfg) -> dict[str, object]:

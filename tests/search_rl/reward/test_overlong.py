@@ -9,11 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from search_rl.config import ConfigError, RewardConfig, load_config
+from search_rl.config import ConfigError, RewardConfig
+from search_rl.configure import load_config
 from search_rl.datatypes import RewardResult, Segment, Trajectory, TrajectoryStats
 from search_rl.protocol import PromptBatch
 from search_rl.reward import apply_overlong_penalty, overlong_penalty
-from search_rl.scoring import score_trajectories
+from search_rl.reward.scoring import score_trajectories
 
 BUDGET, BUFFER = 100, 20  # the penalty starts after 80 tokens and reaches the factor at 100
 

@@ -12,8 +12,8 @@ import pytest
 
 from search_rl.datatypes import SamplingParams
 from search_rl.models import build_tiny_model
-from search_rl.rollout.base import RolloutEngine
-from search_rl.rollout.hf import HFEngine
+from search_rl.rollout.engines.base import RolloutEngine
+from search_rl.rollout.engines.hf import HFEngine
 
 STOPS = ("e", "a")  # frequent characters: a random model hits them within a few tokens
 
@@ -33,7 +33,7 @@ def engine(request, tiny_model, tokenizer) -> RolloutEngine:
     if request.param == "hf":
         return HFEngine(tiny_model, tokenizer)
     pytest.importorskip("vllm", reason="vLLM is not installed (GPU extra search-rl[vllm])")
-    from search_rl.rollout.vllm import VLLMEngine
+    from search_rl.rollout.engines.vllm import VLLMEngine
 
     return VLLMEngine(str(request.getfixturevalue("tiny_dir")), gpu_memory_utilization=0.3, enforce_eager=True)
 

@@ -11,8 +11,8 @@ import torch
 from search_rl.config import HFEngineConfig
 from search_rl.datatypes import SamplingParams
 from search_rl.models import build_tiny_model
-from search_rl.rollout.base import RolloutEngine
-from search_rl.rollout.hf import HFEngine
+from search_rl.rollout.engines.base import RolloutEngine
+from search_rl.rollout.engines.hf import HFEngine
 
 PROMPTS = ["The capital of France is", "Hi", "A much longer prompt that needs left padding in a batch of three"]
 

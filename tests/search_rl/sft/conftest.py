@@ -8,9 +8,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from search_rl.agent.retriever_client import RetrieverClient
 from search_rl.config import RetrieverClientConfig
 from search_rl.data import REPO_ROOT
+from search_rl.rollout.retriever_client import RetrieverClient
 from search_rl.sft.trajectories import contains_answer
 
 TRAIN = REPO_ROOT / "data/datasets/nq_hotpotqa_mini/train.parquet"

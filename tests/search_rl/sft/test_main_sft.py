@@ -12,7 +12,8 @@ import math
 import pytest
 import torch
 
-from search_rl.config import ConfigError, load_config
+from search_rl.config import ConfigError
+from search_rl.configure import load_config
 from search_rl.main_eval import evaluate, load_eval_config
 from search_rl.main_ppo import prepare as prepare_ppo
 from search_rl.main_sft import build_actor, build_trainer, load_sft_config, prepare, train

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from search_rl.config import load_config
+from search_rl.configure import load_config
 from search_rl.main_ppo import build_trainer, build_workers, prepare
 from search_rl.tools.best_checkpoint import choose_step, main, saved_steps, validation_scores
 

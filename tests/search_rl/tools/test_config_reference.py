@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from search_rl.config import load_config
+from search_rl.configure import load_config
 from search_rl.tools import print_config
 
 REPO = Path(__file__).resolve().parents[3]

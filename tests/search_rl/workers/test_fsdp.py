@@ -23,7 +23,7 @@ from worker_factory import free_port, make_actor, make_critic, whole
 from search_rl.config import HFEngineConfig
 from search_rl.models import build_tiny_model
 from search_rl.protocol import TrainBatch
-from search_rl.rollout.hf import HFEngine
+from search_rl.rollout.engines.hf import HFEngine
 from search_rl.workers import WorkerSpec
 from search_rl.workers import distributed as D
 
@@ -114,7 +114,7 @@ def test_engine_sync_after_an_update_gives_the_engine_the_policy(rollout_batch: 
     with torch.no_grad():
         policy_logits = actor.module(input_ids=ids).logits
         assert not torch.allclose(actor.engine_model(input_ids=ids).logits, policy_logits)  # stale until synced
-        assert actor.sync_weights(1) == 1
+        assert actor.sync_weights(1) == (1, [])
         torch.testing.assert_close(actor.engine_model(input_ids=ids).logits, policy_logits)
 
 
@@ -243,7 +243,8 @@ def test_the_group_starts_every_time():
 
 
 def test_training_refuses_float16_naming_the_key():
-    from search_rl.config import ConfigError, load_config
+    from search_rl.config import ConfigError
+    from search_rl.configure import load_config
 
     with pytest.raises(ConfigError, match=r"model\.dtype=float16 .*bfloat16"):
         load_config(["model.dtype=float16"])

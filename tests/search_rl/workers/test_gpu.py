@@ -28,7 +28,7 @@ def test_bf16_update_and_engine_sync_on_cuda(rollout_batch: TrainBatch, tokenize
     after = {k: whole(v) for k, v in actor.module.state_dict().items()}
     changed = sum(int((before[k] != after[k]).sum()) for k in before)
     assert changed / sum(v.numel() for v in before.values()) > 0.5
-    assert actor.sync_weights(1) == 1
+    assert actor.sync_weights(1) == (1, [])
     ids = torch.tensor([tokenizer.encode("Who wrote Hamlet?")], device="cuda")
     with torch.no_grad():
         engine_logits = actor.engine_model(input_ids=ids).logits.float()

@@ -67,7 +67,7 @@ def test_lora_actor_trains_adapters_only_and_its_base_is_the_reference(rollout_b
     torch.testing.assert_close(worker.compute_ref_log_prob(rollout_batch), ref_before)
 
     # the engine gets the merged weights: its model computes what the adapted policy computes
-    assert worker.sync_weights(1) == 1
+    assert worker.sync_weights(1) == (1, [])
     assert worker.engine_model is not None
     torch.testing.assert_close(_logprobs(worker.engine_model, rollout_batch)[mask], policy[mask], atol=1e-4, rtol=1e-4)
 

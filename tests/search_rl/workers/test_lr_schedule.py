@@ -13,7 +13,8 @@ import math
 import pytest
 from torch import nn
 
-from search_rl.config import ConfigError, OptimConfig, load_config
+from search_rl.config import ConfigError, OptimConfig
+from search_rl.configure import load_config
 from search_rl.workers.distributed import WorkerSpec
 from search_rl.workers.optimization import TrainableModel
 

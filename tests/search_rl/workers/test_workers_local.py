@@ -140,7 +140,7 @@ def test_checkpoint_round_trip(rollout_batch, tmp_path):
     # both continue identically: same optimizer state
     ma, mb = a.update_actor(rollout_batch, step=2), b.update_actor(rollout_batch, step=2)
     assert ma == mb
-    assert b.sync_weights(2) == 2
+    assert b.sync_weights(2) == (2, [])
 
 
 def test_on_policy_update_without_old_logprobs_gives_the_recomputed_gradient(rollout_batch):

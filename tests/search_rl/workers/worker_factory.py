@@ -20,7 +20,7 @@ from search_rl.config import (
 )
 from search_rl.data import PromptDataset, read_rows
 from search_rl.protocol import BatchMeta, TrainBatch
-from search_rl.steps import build_train_batch, compute_advantages, place_scores
+from search_rl.trainer.steps import build_train_batch, compute_advantages, place_scores
 from search_rl.workers import WorkerSpec
 from search_rl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from search_rl.workers.critic import CriticWorker

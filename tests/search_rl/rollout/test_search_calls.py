@@ -2,7 +2,7 @@
 
 The tiny random Llama is forced through scripted turns against a real retriever (BM25 over the shipped corpus).
 
-Run: python -m pytest tests/search_rl/agent/test_search_calls.py -q
+Run: python -m pytest tests/search_rl/rollout/test_search_calls.py -q
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import asyncio
 
 import pytest
 
-from search_rl.agent.generation_manager import LLMGenerationManager
-from search_rl.agent.retriever_client import RetrieverClient
 from search_rl.config import RetrieverClientConfig, RolloutConfig
+from search_rl.rollout.generation_manager import LLMGenerationManager
+from search_rl.rollout.retriever_client import RetrieverClient
 from search_rl.tags import doc_header
 
 pytestmark = pytest.mark.integration

@@ -4,7 +4,7 @@ Each test starts its own ``uvicorn retriever_server.app:app`` (BM25 over the shi
 module) and kills or restarts it from inside the rollout, right after the engine's first turn. Nothing here depends
 on how fast the machine is: the restart test gives the client as long to retry as the server has to become ready.
 
-Run: python -m pytest tests/search_rl/agent/test_retriever_failures.py -q
+Run: python -m pytest tests/search_rl/rollout/test_retriever_failures.py -q
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import time
 import pytest
 
 from retriever_server.launcher import RetrieverProcess, bm25_env, free_port
-from search_rl.agent.generation_manager import LLMGenerationManager
-from search_rl.agent.retriever_client import RetrieverClient, RetrieverError
 from search_rl.config import RetrieverClientConfig, RolloutConfig
+from search_rl.rollout.generation_manager import LLMGenerationManager
+from search_rl.rollout.retriever_client import RetrieverClient, RetrieverError
 from search_rl.tags import RETRIEVER_ERROR_TEXT
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

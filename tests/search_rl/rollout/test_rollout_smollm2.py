@@ -4,7 +4,7 @@ The model is not trained to search, so the assertions are about the machinery, n
 is token-exact (mask==1 ids are the sampled ids, mask==0 runs decode to the inserted observations), ends for a
 known reason within its budgets, and is scored by the QA reward.
 
-Run: python -m pytest tests/search_rl/agent/test_rollout_smollm2.py -q -m slow
+Run: python -m pytest tests/search_rl/rollout/test_rollout_smollm2.py -q -m slow
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from search_rl.agent.generation_manager import LLMGenerationManager
-from search_rl.agent.prompts import encode_prompt
-from search_rl.agent.retriever_client import RetrieverClient
 from search_rl.config import RetrieverClientConfig, RolloutConfig
 from search_rl.datatypes import GroundTruth
 from search_rl.models import load_model
 from search_rl.reward import compute_reward
-from search_rl.rollout.hf import HFEngine
+from search_rl.rollout.engines.hf import HFEngine
+from search_rl.rollout.generation_manager import LLMGenerationManager
+from search_rl.rollout.prompts import encode_prompt
+from search_rl.rollout.retriever_client import RetrieverClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 logger = logging.getLogger(__name__)

@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from search_rl.datatypes import FinishReason, Generated, SamplingParams
-from search_rl.rollout.base import check_generate_args
+from search_rl.rollout.engines.base import check_generate_args
+from search_rl.seeds import sample_seed
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ class VLLMEngine:
             max_tokens=limit,
             stop=list(params.stop),
             include_stop_str_in_output=True,
-            seed=None if params.seed is None or params.greedy else params.seed + index,
+            seed=None if params.greedy else sample_seed(params.seed, index),
             logprobs=0 if params.logprobs else None,  # 0 = only the sampled token's log-prob
             skip_special_tokens=False,
         )

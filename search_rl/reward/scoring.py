@@ -7,8 +7,9 @@ to the answer components (the overlong penalty is reported as a component of its
 validation and ``main_eval`` all score here, so they see the same rewards. ``reward_metrics`` gives the
 training-step view (means per data source, the share of GRPO groups whose rewards are all equal: no learning
 signal). ``answer_metrics`` gives the evaluation view: EM / sub-EM / F1, answer rate and searches per question,
-per data source and over all rows, plus, given the gold answers, the search diagnostics of ``search_rl.search_stats``
-(valid-search and duplicate-query rates, gold retrieved, wrong answers split by cause, EM by number of searches).
+per data source and over all rows, plus, given the gold answers, the search diagnostics of
+``search_rl.reward.search_stats`` (valid-search and duplicate-query rates, gold retrieved, wrong answers split by
+cause, EM by number of searches).
 The training step logs the same diagnostics under ``rollout/`` (``search_stats.search_metrics``).
 """
 
@@ -21,7 +22,7 @@ from search_rl.config import RewardConfig
 from search_rl.datatypes import GroundTruth, RewardResult, Trajectory
 from search_rl.protocol import PromptBatch
 from search_rl.reward import apply_overlong_penalty, reward_fn_for, shape_reward
-from search_rl.search_stats import diagnose, summarize
+from search_rl.reward.search_stats import diagnose, summarize
 
 ANSWER_KEYS = ("em", "subem", "f1")
 """Answer-quality components every built-in reward reports."""

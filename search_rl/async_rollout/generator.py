@@ -16,36 +16,25 @@ very tokens the synchronous trainer samples.
 from __future__ import annotations
 
 import logging
-import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
-from search_rl.agent.generation_manager import LLMGenerationManager
-from search_rl.agent.retriever_client import RetrieverClient
 from search_rl.config import ModelConfig, RetrieverClientConfig, TrainRolloutConfig
 from search_rl.datatypes import RolloutResult
 from search_rl.models import dtype_of, load_model, load_tokenizer
 from search_rl.models.weights import save_hf_folder, tensor_aliases
 from search_rl.protocol import PromptBatch
-from search_rl.rollout.base import RolloutEngine
-from search_rl.rollout.hf import HFEngine
+from search_rl.rollout.engines.base import RolloutEngine
+from search_rl.rollout.engines.factory import build_engine
+from search_rl.rollout.generation_manager import LLMGenerationManager
+from search_rl.rollout.retriever_client import RetrieverClient
+from search_rl.seeds import rank_seed
 from search_rl.workers import distributed as D
-from search_rl.workers.actor_rollout_ref import SEED_STRIDE_PER_RANK
 
 logger = logging.getLogger(__name__)
-
-
-def rollout_shard(manager: LLMGenerationManager, prompts: PromptBatch, seed: int) -> RolloutResult:
-    """Sampled search rollouts of ``prompts`` with ``seed`` (no gradients), with the retriever's retries counted."""
-    client = manager.retriever
-    retries_before = client.retries if isinstance(client, RetrieverClient) else 0
-    with torch.no_grad():
-        result = manager.generate([list(p) for p in prompts.prompt_ids], greedy=False, seed=seed)
-    if isinstance(client, RetrieverClient):
-        result.metrics["rollout/retriever_retries"] = float(client.retries - retries_before)
-    return result
 
 
 class GeneratorWorker:
@@ -79,21 +68,19 @@ class GeneratorWorker:
         self.pulls = 0
 
     def _build_engine(self, model: PreTrainedModel, cfg: TrainRolloutConfig) -> RolloutEngine:
-        if cfg.engine == "vllm":
-            from search_rl.rollout.vllm import VLLMEngine
+        def export(directory: str) -> Path:
+            state, aliases = model.state_dict(), tensor_aliases(model)
+            return save_hf_folder(directory, state, model.config, aliases=aliases, tokenizer=self.tokenizer)
 
-            directory = tempfile.mkdtemp(prefix="search-rl-generator-")
-            save_hf_folder(
-                directory, model.state_dict(), model.config, aliases=tensor_aliases(model), tokenizer=self.tokenizer
-            )
-            return VLLMEngine(
-                directory,
-                gpu_memory_utilization=cfg.gpu_memory_utilization,
-                max_model_len=cfg.hf.max_model_len,
-                seed=self.spec.seed,
-            )
-        torch.nn.Module.to(model, self.spec.torch_device)  # in place
-        return HFEngine(model, self.tokenizer, cfg.hf)
+        return build_engine(
+            cfg,
+            self.tokenizer,
+            model=model,
+            export=export,
+            device=self.spec.torch_device,
+            seed=self.spec.seed,
+            name="generator",
+        )
 
     def weight_version(self) -> int:
         """The version the engine serves (also a readiness probe: the constructor has finished)."""
@@ -119,7 +106,7 @@ class GeneratorWorker:
         """
         version = self.pull()
         results = [
-            rollout_shard(self.manager, shard, seed + SEED_STRIDE_PER_RANK * rank)
+            self.manager.roll_out(shard, greedy=False, seed=rank_seed(seed, rank))
             for rank, shard in enumerate(prompts.split(n_shards))
         ]
         if self.engine.weight_version != version:

@@ -1,14 +1,14 @@
 """Observation formatting and token-budget truncation (passage text is cut, tags never are).
 
-Run: python -m pytest tests/search_rl/agent/test_observations.py -q
+Run: python -m pytest tests/search_rl/rollout/test_observations.py -q
 """
 
 from __future__ import annotations
 
 import pytest
 
-from search_rl.agent.observations import ObservationBuilder, format_passages, water_fill
 from search_rl.datatypes import Passage
+from search_rl.rollout.observations import ObservationBuilder, format_passages, water_fill
 from search_rl.tags import OBS_PREFIX, OBS_SUFFIX
 
 PASSAGES = [

@@ -1,13 +1,13 @@
 """Action parsing from one turn's generated text.
 
-Run: python -m pytest tests/search_rl/agent/test_actions.py -q
+Run: python -m pytest tests/search_rl/rollout/test_actions.py -q
 """
 
 from __future__ import annotations
 
 import pytest
 
-from search_rl.agent.actions import Action, parse_action
+from search_rl.rollout.actions import Action, parse_action
 from search_rl.tags import EMPTY_ANSWER_FEEDBACK, EMPTY_QUERY_FEEDBACK, INVALID_ACTION_FEEDBACK, LONG_QUERY_FEEDBACK
 
 

@@ -25,9 +25,6 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from search_rl.agent.actions import is_search_attempt, parse_action
-from search_rl.agent.observations import Observation, ObservationBuilder
-from search_rl.agent.retriever_client import RetrieverError
 from search_rl.config import RolloutConfig
 from search_rl.datatypes import (
     Generated,
@@ -40,7 +37,12 @@ from search_rl.datatypes import (
     Trajectory,
     TrajectoryStats,
 )
-from search_rl.rollout.base import RolloutEngine
+from search_rl.protocol import PromptBatch
+from search_rl.rollout.actions import is_search_attempt, parse_action
+from search_rl.rollout.engines.base import RolloutEngine
+from search_rl.rollout.observations import Observation, ObservationBuilder
+from search_rl.rollout.retriever_client import RetrieverClient, RetrieverError
+from search_rl.seeds import turn_seed
 from search_rl.tags import RETRIEVER_ERROR_TEXT, STOP_STRINGS
 
 logger = logging.getLogger(__name__)
@@ -97,6 +99,17 @@ class LLMGenerationManager:
                 f"rollout.max_obs_tokens={cfg.max_obs_tokens} leaves no room for passage text next to the "
                 f"{self.obs.min_tokens} tokens of the <information> tags; raise it"
             )
+
+    def roll_out(self, prompts: PromptBatch, *, greedy: bool, seed: int | None) -> RolloutResult:
+        """Rollouts of a ``PromptBatch`` without gradients (what the actor workers and the generators run), with the
+        retriever's retries of this call counted in ``rollout/retriever_retries``."""
+        client = self.retriever
+        retries_before = client.retries if isinstance(client, RetrieverClient) else 0
+        with torch.no_grad():
+            result = self.generate([list(p) for p in prompts.prompt_ids], greedy=greedy, seed=seed)
+        if isinstance(client, RetrieverClient):
+            result.metrics["rollout/retriever_retries"] = float(client.retries - retries_before)
+        return result
 
     def generate(
         self, prompts: Sequence[Sequence[int]], *, greedy: bool | None = None, seed: int | None = None
@@ -163,7 +176,7 @@ class LLMGenerationManager:
             top_k=cfg.top_k,
             greedy=cfg.greedy if greedy is None else greedy,
             stop=STOP_STRINGS,
-            seed=None if seed is None else seed + 1_000_003 * turn,  # a different stream per turn
+            seed=turn_seed(seed, turn),  # a different stream per turn
         )
         limits = [min(cfg.max_turn_tokens, cfg.max_response_tokens - len(s.ids)) for s in active]
         return self.engine.generate([s.prompt + s.ids for s in active], params, limits)

@@ -18,8 +18,8 @@ from search_rl.config import HFEngineConfig
 from search_rl.datatypes import FinishReason, Generated, SamplingParams
 from search_rl.models.cache_arg import CACHE_KWARG
 from search_rl.models.weights import load_weights
-from search_rl.rollout.base import check_generate_args
-from search_rl.rollout.prefix_cache import KV, PrefixStore
+from search_rl.rollout.engines.base import check_generate_args
+from search_rl.rollout.engines.prefix_cache import KV, PrefixStore
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from search_rl.datatypes import RewardResult, Trajectory
 from search_rl.protocol import PromptBatch
-from search_rl.steps import SUMMED_ROLLOUT_METRICS
+from search_rl.trainer.steps import SUMMED_ROLLOUT_METRICS
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ Proves the mask invariant by decoding: mask==1 tokens are exactly what the engin
 text), mask==0 tokens decode exactly to the inserted observations. Also: stops, the final no-search turn, invalid
 action feedback, budgets and their counters, greedy passed through.
 
-Run: python -m pytest tests/search_rl/agent/test_generation_manager.py -q
+Run: python -m pytest tests/search_rl/rollout/test_generation_manager.py -q
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from search_rl.agent.generation_manager import LLMGenerationManager
-from search_rl.agent.retriever_client import RetrieverClient
 from search_rl.config import RetrieverClientConfig, RolloutConfig
 from search_rl.protocol import TrainBatch
+from search_rl.rollout.generation_manager import LLMGenerationManager
+from search_rl.rollout.retriever_client import RetrieverClient
 from search_rl.tags import EMPTY_QUERY_FEEDBACK, INVALID_ACTION_FEEDBACK, OBS_PREFIX, OBS_SUFFIX, STOP_STRINGS
 
 pytestmark = pytest.mark.integration
