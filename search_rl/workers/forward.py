@@ -4,6 +4,11 @@ A batch is padded to the widest prompt (left) and to ``max_response_tokens`` (ri
 to the columns some row uses, so padding costs nothing. The model sees ``input_ids[:, first:P+t]`` and only the
 logits of the last ``t + 1`` positions are computed (``logits_to_keep``): the position before response token ``k``
 predicts it. Outputs are padded back to the batch's ``T`` with zeros.
+
+Computing only the loss tokens' logits needs a (B, L) boolean ``logits_to_keep``, which transformers accepts from
+the release that added ``modeling_utils.slice_logits_to_keep`` (5.24 has it, 5.20 not); older 5.x releases (5.19,
+what vLLM 0.32 pins) index the hidden states with it as a slice and fail. There the last ``t + 1`` positions are
+computed and the loss tokens selected afterwards: the same values, more vocabulary rows.
 """
 
 from __future__ import annotations
@@ -11,11 +16,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import modeling_utils
 
 from search_rl.algorithms import entropy_from_logits
 from search_rl.models.cache_arg import CACHE_KWARG
 from search_rl.protocol import TrainBatch
 from search_rl.workers.shared_prompts import SharedPrompts
+
+LOGITS_MASK_SUPPORTED: bool = hasattr(modeling_utils, "slice_logits_to_keep")
+"""Whether the installed transformers accepts a (B, L) boolean ``logits_to_keep`` (see the module docstring)."""
 
 
 def used_columns(batch: TrainBatch) -> tuple[int, int]:
@@ -94,10 +103,7 @@ def response_logprobs(
         wanted = None
     else:
         wanted = only[:, :t].to(device).bool()  # (B, t)
-        length = inputs["input_ids"].shape[1]  # type: ignore[attr-defined]
-        keep = torch.zeros((len(wanted), length), dtype=torch.bool, device=device)  # (B, L)
-        keep[:, length - t - 1 : length - 1] = wanted  # the position before a token predicts it
-        logits = model(**inputs, logits_to_keep=keep).logits.float()  # (N, V)
+        logits = _wanted_logits(model, inputs, wanted, t)  # (N, V)
         targets = targets[wanted]  # (N,)
     if temperature != 1.0:
         logits = logits / temperature
@@ -111,6 +117,16 @@ def response_logprobs(
         entropy = _scatter(entropy, wanted) if entropy is not None else None
     width = batch.response_ids.shape[1]
     return _pad_to(logprobs, width), (_pad_to(entropy, width) if entropy is not None else None)
+
+
+def _wanted_logits(model: nn.Module, inputs: dict[str, object], wanted: torch.Tensor, t: int) -> torch.Tensor:
+    """Float logits of the positions predicting the ``wanted`` (B, t) response tokens, (N, V) in row-major order."""
+    if not LOGITS_MASK_SUPPORTED:
+        return model(**inputs, logits_to_keep=t + 1).logits[:, :-1][wanted].float()  # (B, t, V) -> (N, V)
+    length = inputs["input_ids"].shape[1]  # type: ignore[attr-defined]
+    keep = torch.zeros((len(wanted), length), dtype=torch.bool, device=wanted.device)  # (B, L)
+    keep[:, length - t - 1 : length - 1] = wanted  # the position before a token predicts it
+    return model(**inputs, logits_to_keep=keep).logits.float()
 
 
 def _scatter(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

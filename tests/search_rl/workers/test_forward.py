@@ -1,14 +1,17 @@
 """Forward passes over real rollout batches: log-probs of only the loss tokens (``only``) equal the full pass's
-there, are 0 elsewhere, and give the same gradient; their logits are the only ones computed.
+there, are 0 elsewhere, and give the same gradient; their logits are the only ones computed where transformers accepts
+a boolean ``logits_to_keep``, and the fallback for older releases gives the same values (both paths run everywhere).
 
 Run: python -m pytest tests/search_rl/workers/test_forward.py -q
 """
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from search_rl.models import build_tiny_model
+from search_rl.workers import forward
 from search_rl.workers.forward import response_logprobs
 
 
@@ -21,7 +24,13 @@ def _masked_loss_and_grads(model, batch, only):
     return logprobs.detach(), entropy.detach(), [p.grad.clone() for p in model.parameters()]
 
 
-def test_only_the_loss_tokens_are_computed_and_nothing_changes_for_the_loss(rollout_batch, tokenizer):
+@pytest.mark.parametrize("mask_supported", [True, False], ids=["boolean-logits_to_keep", "older-transformers"])
+def test_only_the_loss_tokens_are_computed_and_nothing_changes_for_the_loss(
+    rollout_batch, tokenizer, monkeypatch, mask_supported
+):
+    if mask_supported and not forward.LOGITS_MASK_SUPPORTED:
+        mask_supported = False  # this transformers cannot take the mask: its fallback is what runs
+    monkeypatch.setattr(forward, "LOGITS_MASK_SUPPORTED", mask_supported)
     model = build_tiny_model(tokenizer, seed=3)
     mask = rollout_batch.response_mask.bool()
     assert (~mask & rollout_batch.response_attention_mask.bool()).any(), "the rollout should contain observations"
@@ -39,4 +48,8 @@ def test_only_the_loss_tokens_are_computed_and_nothing_changes_for_the_loss(roll
     with torch.no_grad():
         response_logprobs(model, rollout_batch, 1.0, only=rollout_batch.response_mask)
     hook.remove()
-    assert shapes == [(int(mask.sum()), model.config.vocab_size)], "one vocabulary row per loss token, no more"
+    if mask_supported:
+        assert shapes == [(int(mask.sum()), model.config.vocab_size)], "one vocabulary row per loss token, no more"
+    else:
+        t = int(rollout_batch.response_attention_mask.sum(-1).max())
+        assert shapes == [(len(mask), t + 1, model.config.vocab_size)], "the last t + 1 positions, as without a mask"
