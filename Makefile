@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 
-.PHONY: install install-dev demo test lint bench corpus
+.PHONY: install install-dev demo test test-fast lint bench corpus
 
 # torch is installed first and pinned: any other torch spec pulls GBs of CUDA wheels on CPU machines.
 install:
@@ -22,6 +22,12 @@ demo: install
 
 test: install-dev
 	$(PYTHON) -m pytest -q $(PYTEST_ARGS)
+
+# The fast tier: unit tests only (no retriever server, no Ray, nothing marked slow), a few minutes on 2 cores.
+# `make test` stays the whole suite that CI runs. Assumes `make install-dev` has run.
+FAST_MARKERS := not integration and not ray and not slow and not gpu
+test-fast:
+	$(PYTHON) -m pytest -q -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
 
 # Lint and type check (CI runs it before the tests): ruff, then mypy over the packages configured in pyproject.toml.
 lint:

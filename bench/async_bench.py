@@ -9,9 +9,10 @@ per mode: mean seconds per step over steps 2..N, the rollout wait of the trainer
 **Projected** (``simulate``): a discrete-event simulation of the coordinator's own scheduling rules (a unit is
 dispatched when the queue has room for it and its weights would be at most ``max_staleness`` versions old at the
 step that takes it; stale groups are dropped) with one trainer and ``G`` generators on separate devices. Inputs are
-phase times: by default the GRPO 4 x 4 step of docs/learning.md (rollout 20.5 s; old log-probs 18.0 + reference
-log-probs 15.9 + actor update 53.9 = 87.8 s of learning), or ``--phases-from <run>/metrics.jsonl``. Rollout times of
-a unit follow the long tail of search agents: a batch generates turn by turn until its slowest sample is done, so
+phase times: by default the GRPO 4 x 4 step of the learning benchmark (docs/experiments/) (rollout 20.5 s; old
+log-probs 18.0 + reference log-probs 15.9 + actor update 53.9 = 87.8 s of learning), or
+``--phases-from <run>/metrics.jsonl``. Rollout times of a unit follow the long tail of search agents: a batch
+generates turn by turn until its slowest sample is done, so
 its time is proportional to the most turns any of its samples takes; each sample takes 1, 2, 3 or 4 (the budget)
 turns with probabilities 0.70 / 0.15 / 0.10 / 0.05 (assumed: most answer after one search, a few search three
 times and run to the budget), scaled so the mean unit time is the measured rollout time.
@@ -38,7 +39,8 @@ TURN_PROBS = ((1, 0.70), (2, 0.15), (3, 0.10), (4, 0.05))
 """Turns per sample of the long tail (assumed; see the module docstring)."""
 
 LEARNING_MD_GRPO = {"rollout": 20.5, "old_log_prob": 18.0, "ref_log_prob": 15.9, "update_actor": 53.9}
-"""docs/learning.md, "Seconds per step by phase", GRPO 4 prompts x 4 from the warm start (2-core CPU)."""
+"""Phase seconds of GRPO 4 prompts x 4 from the warm start, 2-core CPU
+(docs/experiments/2026-11-21-learning-benchmark.md)."""
 
 MODES = {
     "sync": ("trainer.mode=sync",),

@@ -159,7 +159,7 @@ def build_trainer(
 ) -> TrainingLoop:
     """The loop with its collaborators: a ``PPOStep`` over the collector, validation, checkpoints, dumps."""
     t, run_dir, settings = cfg.trainer, Path(cfg.trainer.default_local_dir), step_settings(cfg, prepared.tokenizer)
-    dumper = RunDumper(RolloutDumper(run_dir / "rollouts", prepared.tokenizer) if t.dump_rollouts else None, True)
+    dumper = RunDumper(RolloutDumper(run_dir / "rollouts", prepared.tokenizer) if t.dump_rollouts else None)
     step = PPOStep(
         cfg.algorithm,
         settings,

@@ -108,7 +108,7 @@ def build_actor(cfg: SFTConfig, device: str, local: bool = False) -> Workers:
 def build_trainer(cfg: SFTConfig, prepared: PreparedSFT, actor: Workers) -> TrainingLoop:
     """The loop with its collaborators: an ``SFTStep``, validation, checkpoints, dumps."""
     t, run_dir = cfg.trainer, Path(cfg.trainer.default_local_dir)
-    dumper = RunDumper(RolloutDumper(run_dir / "rollouts", prepared.tokenizer) if t.dump_rollouts else None, True)
+    dumper = RunDumper(RolloutDumper(run_dir / "rollouts", prepared.tokenizer) if t.dump_rollouts else None)
     validation = None
     if prepared.val_batch is not None:
         validation = Validation(prepared.val_batch, cfg.reward, cfg.rollout.max_response_tokens)

@@ -20,7 +20,20 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+SERVER_FIXTURES = frozenset({"retriever_url", "dense_retriever_url"})
+"""Fixtures that start a real retriever server: a test using one (directly or through another fixture) is marked
+``integration``, so ``make test-fast`` (``-m "not integration and not ray and not slow"``) leaves it out."""
+RAY_FIXTURES = frozenset({"ray_local"})
+"""Fixtures that start a local Ray cluster: marked ``ray`` and ``integration``."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & (SERVER_FIXTURES | RAY_FIXTURES):
+            item.add_marker(pytest.mark.integration)
+        if used & RAY_FIXTURES:
+            item.add_marker(pytest.mark.ray)
     try:
         import torch
 

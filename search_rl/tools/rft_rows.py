@@ -10,7 +10,7 @@ becomes an SFT row in the format
 the corpus the retriever serves. ``main_sft`` then trains on them from the policy that sampled them (docs/learning.md).
 Identical trajectories of a question are kept once, and at most ``--max-per-question`` per question, so questions
 the policy already answers every time do not dominate; ``--without-think`` leaves out trajectories with a
-``<think>`` turn (rows with one taught the warm start to think, which lost answers: docs/learning.md). A question's
+``<think>`` turn (rows with one taught the warm start to think, which lost answers: docs/experiments/). A question's
 rows get ids ``<extra_info.id>/rft<k>``
 (training rows need unique ids). ``--mix SFT_PARQUET`` appends as many rows again, a seeded sample of an existing
 warm-start file (the shipped ``sft_train.parquet``): rejection sampling's best result mixed them one for one.

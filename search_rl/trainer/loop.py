@@ -55,10 +55,10 @@ class Validation:
 
 
 class RunDumper:
-    """Writes a step's rollouts (``trainer.dump_rollouts``) with their advantages, when a dumper is configured."""
+    """Writes a step's rollouts with their advantages (``trainer.dump_rollouts``; None: dumps are off)."""
 
-    def __init__(self, dumper: RolloutDumper | None, enabled: bool) -> None:
-        self.dumper = dumper if enabled else None
+    def __init__(self, dumper: RolloutDumper | None) -> None:
+        self.dumper = dumper
 
     def dump(
         self,

@@ -55,6 +55,7 @@ def test_second_load_reuses_the_index_and_a_changed_corpus_reindexes(
     assert positions[0, 0] == 305  # the new rows are searchable
 
 
+@pytest.mark.slow
 def test_interrupted_dense_build_resumes_from_saved_chunks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_corpus: Callable[[int], Path]
 ) -> None:
@@ -95,6 +96,7 @@ def test_interrupted_dense_build_resumes_from_saved_chunks(
     assert (folder / "index.faiss").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("factory", ["HNSW16", "IVF4,Flat"])
 def test_other_faiss_factories(tmp_path: Path, factory: str, make_corpus: Callable[[int], Path]) -> None:
     corpus_file = make_corpus(60)
@@ -106,6 +108,7 @@ def test_other_faiss_factories(tmp_path: Path, factory: str, make_corpus: Callab
     assert np.all(np.diff(scores, axis=1) <= 1e-6)
 
 
+@pytest.mark.slow
 def test_hybrid_fuses_dense_and_bm25(tmp_path: Path, small_corpus: Path) -> None:
     s = settings_for(tmp_path, small_corpus, method="hybrid", hybrid_candidates=10)
     corpus = load_corpus(small_corpus)

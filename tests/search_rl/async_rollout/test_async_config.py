@@ -1,7 +1,7 @@
 """The asynchronous modes' configuration: bad values name their key, impossible combinations are refused before Ray
 starts, and each mode becomes the coordinator's schedule (no Ray, no models).
 
-Run: python -m pytest tests/search_rl/test_async_config.py -q   (a few seconds)
+Run: python -m pytest tests/search_rl/async_rollout/test_async_config.py -q   (a few seconds)
 """
 
 from __future__ import annotations

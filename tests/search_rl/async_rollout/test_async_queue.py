@@ -8,7 +8,7 @@
 - ``split_groups`` / ``assemble``: a unit cut into whole groups, and a step's groups put back in an order where the
   flattened trajectories line up with the prompts.
 
-Run: python -m pytest tests/search_rl/test_async_queue.py -q   (a few seconds)
+Run: python -m pytest tests/search_rl/async_rollout/test_async_queue.py -q   (a few seconds)
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def test_a_timed_out_take_returns_nothing_and_keeps_the_fresh_groups():
     start = time.monotonic()
     taken = q.take(2, current_version=3, max_staleness=0, timeout_s=0.2)
     assert taken.groups == [] and taken.dropped == []
-    assert 0.15 < time.monotonic() - start < 2.0
+    assert time.monotonic() - start > 0.15  # it waited for its timeout (an upper bound would only measure load)
     assert len(q) == 1
 
 

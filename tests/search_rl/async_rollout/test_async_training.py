@@ -13,7 +13,7 @@ tiny random Llama and a real BM25 retriever (GRPO, one actor worker).
 
 The random model never answers, so a reward from a checksum of the sampled tokens gives the groups a spread.
 
-Run: python -m pytest tests/search_rl/test_async_training.py -q   (about 3-4 minutes on 2 cores)
+Run: python -m pytest tests/search_rl/async_rollout/test_async_training.py -q   (about 3-4 minutes on 2 cores)
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Rollout config: every field checked at construction, budgets cross-checked against the context length.
 
-Run: python -m pytest tests/search_rl/test_config.py -q
+Run: python -m pytest tests/search_rl/config/test_config.py -q
 """
 
 from __future__ import annotations

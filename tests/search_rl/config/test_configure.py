@@ -1,6 +1,6 @@
 """``configure.resolve``: registry names checked and estimator-dependent defaults filled, in one place.
 
-Run: python -m pytest tests/search_rl/test_configure.py -q
+Run: python -m pytest tests/search_rl/config/test_configure.py -q
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Unknown keys and wrong types fail at compose time; out-of-range fields in ``__po
 ``PPOConfig.validate``, called by ``main_ppo.prepare``. The CLI tests check the same through
 ``python -m search_rl.main_ppo``: a clear message, a non-zero exit, and no Ray started.
 
-Run: python -m pytest tests/search_rl/test_train_config.py -q
+Run: python -m pytest tests/search_rl/config/test_train_config.py -q
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from search_rl.config import sft as sft_config
 from search_rl.configure import load_config
 from search_rl.main_ppo import prepare
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 MY_YAMLS = [
     "ppo_trainer.yaml",
     "eval.yaml",
@@ -226,7 +226,7 @@ def test_cli_unknown_key_fails_before_ray():
     assert proc.returncode != 0
     assert "Could not override 'trainer.totl_training_steps'" in proc.stderr + proc.stdout
     assert "Started a local Ray instance" not in proc.stderr + proc.stdout
-    assert time.monotonic() - start < 60
+    assert time.monotonic() - start < 300  # Ray never started (above); a bound generous enough for a loaded machine
 
 
 @pytest.mark.integration

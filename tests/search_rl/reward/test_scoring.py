@@ -1,6 +1,6 @@
 """``scoring.pass_at_k_metrics``: pass@k per data source from each question's samples.
 
-Run: python -m pytest tests/search_rl/test_scoring.py -q
+Run: python -m pytest tests/search_rl/reward/test_scoring.py -q
 """
 
 from __future__ import annotations

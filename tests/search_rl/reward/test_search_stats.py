@@ -12,7 +12,7 @@ Six trajectories, scored by the real ``qa_em`` reward, cover every outcome:
   shown, no answer: no answer.
 - F (hotpotqa, gold Paris): no search, answers Paris: correct.
 
-Run: python -m pytest tests/search_rl/test_search_stats.py -q
+Run: python -m pytest tests/search_rl/reward/test_search_stats.py -q
 """
 
 from __future__ import annotations

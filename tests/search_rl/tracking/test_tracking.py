@@ -1,6 +1,6 @@
 """Metric sinks and rollout dumps: JSONL that rewinds on resume, optional sinks, records a viewer can render.
 
-Run: python -m pytest tests/search_rl/test_tracking.py -q
+Run: python -m pytest tests/search_rl/tracking/test_tracking.py -q
 """
 
 from __future__ import annotations

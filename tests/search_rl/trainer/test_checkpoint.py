@@ -1,6 +1,6 @@
 """Checkpoint folders: atomic commit, a crash mid-write leaves the previous checkpoint usable, keep the last k.
 
-Run: python -m pytest tests/search_rl/test_checkpoint.py -q
+Run: python -m pytest tests/search_rl/trainer/test_checkpoint.py -q
 """
 
 from __future__ import annotations

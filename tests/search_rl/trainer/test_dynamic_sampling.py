@@ -1,7 +1,7 @@
 """DAPO dynamic sampling, the pure part: which groups have a spread, filling a batch over generation batches, the cap
 (train on what was kept, padding to an even split marked), unique uids across batches, metric merging.
 
-Run: python -m pytest tests/search_rl/test_dynamic_sampling.py -q
+Run: python -m pytest tests/search_rl/trainer/test_dynamic_sampling.py -q
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ optimise (``workers.actor_rollout_ref.actor_loss``) is differentiated with respe
 ``algorithm.mask_observations=true`` only sampled tokens get a gradient; with ``false`` (Search-R1's ablation) the
 retrieved tokens get one too; the positions that differ decode exactly to the inserted ``<information>`` blocks.
 
-Run: python -m pytest tests/search_rl/test_observation_masking.py -q
+Run: python -m pytest tests/search_rl/trainer/test_observation_masking.py -q
 """
 
 from __future__ import annotations

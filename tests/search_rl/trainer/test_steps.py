@@ -1,6 +1,6 @@
 """The driver's per-batch steps: collation to a fixed response width, reward placement, advantages, metric merging.
 
-Run: python -m pytest tests/search_rl/test_steps.py -q
+Run: python -m pytest tests/search_rl/trainer/test_steps.py -q
 """
 
 from __future__ import annotations

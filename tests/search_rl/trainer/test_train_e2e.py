@@ -9,7 +9,7 @@
 The random model never answers, so a test reward (``checksum_reward.py``: a checksum of the sampled tokens, varied
 within groups) gives the advantages something to work with.
 
-Run: python -m pytest tests/search_rl/test_train_e2e.py -q   (about 2-3 minutes on 2 cores)
+Run: python -m pytest tests/search_rl/trainer/test_train_e2e.py -q   (about 2-3 minutes on 2 cores)
 """
 
 from __future__ import annotations

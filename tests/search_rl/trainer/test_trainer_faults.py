@@ -13,7 +13,7 @@ by a logits bias (``AlwaysSearch``): the engine still decodes and samples as usu
   the resumed run continues at step 4 (before: steps [1, 2], then [1, 2, 4]); a line torn by a crash is dropped with a
   warning instead of failing the resume.
 
-Run: python -m pytest tests/search_rl/test_trainer_faults.py -q   (about 2 minutes on 2 cores)
+Run: python -m pytest tests/search_rl/trainer/test_trainer_faults.py -q   (about 2 minutes on 2 cores)
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from search_rl.trainer.collect import RetrieverOutage
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 QUERY = "<search> Deadpool 2 </search>"
 
 BASE = [

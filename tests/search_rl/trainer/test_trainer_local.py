@@ -5,7 +5,7 @@ Every advantage estimator and every preset (``dapo``, ``dr_grpo``, ``gspo``) run
 version, validation and checkpoint schedule. Critic warm-up leaves the policy alone; dynamic sampling fills the batch
 from further generation batches and trains on what it kept when the cap is hit.
 
-Run: python -m pytest tests/search_rl/test_trainer_local.py -q
+Run: python -m pytest tests/search_rl/trainer/test_trainer_local.py -q
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from search_rl.datatypes import GroundTruth, RewardResult, Trajectory
 from search_rl.main_ppo import build_trainer, build_workers, prepare
 from search_rl.reward import REWARDS
 from search_rl.trainer.dynamic_sampling import groups_with_spread
+
+pytestmark = pytest.mark.slow  # whole training steps of the tiny model, 4-9 s each
 
 BASE = [
     "model=tiny",

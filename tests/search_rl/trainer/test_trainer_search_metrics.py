@@ -2,7 +2,7 @@
 
 One GRPO step of the tiny model with search on, in-process workers (no Ray), against a real retriever.
 
-Run: python -m pytest tests/search_rl/test_trainer_search_metrics.py -q
+Run: python -m pytest tests/search_rl/trainer/test_trainer_search_metrics.py -q
 """
 
 from __future__ import annotations

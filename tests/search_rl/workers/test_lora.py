@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 from worker_factory import make_actor, whole
@@ -16,6 +17,8 @@ from search_rl.models import build_tiny_model
 from search_rl.models.lora import ADAPTER_DIR, apply_lora, lora_scaling, merged_state_dict
 from search_rl.protocol import TrainBatch
 from search_rl.workers.forward import response_logprobs
+
+pytestmark = pytest.mark.slow  # LoRA actor updates, several seconds each
 
 
 def _randomise_adapters(model: torch.nn.Module, seed: int = 0) -> None:

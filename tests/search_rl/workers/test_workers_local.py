@@ -52,6 +52,7 @@ def test_micro_batches_accumulate_to_the_same_gradient(rollout_batch):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lora_rank", [0, 4], ids=["full", "lora"])
 def test_shared_prompts_give_the_gradient_of_full_passes(rollout_batch, lora_rank):
     """Each distinct prompt encoded once per mini-batch (FSDP2-sharded policy, adapters or not): the same gradients
