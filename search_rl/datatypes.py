@@ -115,6 +115,9 @@ class SearchCall:
     query: str
     passages: tuple[Passage, ...] = ()
     failed: bool = False
+    retrieval_key: str | None = None
+    """The entry of the retrieval recording that answered it (``search_rl.rollout.recording``); None when not
+    recorded."""
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from search_rl.config import ConfigError, TrainerConfig
 from search_rl.configure import to_config
 from search_rl.ray_session import ray_session
+from search_rl.rollout.backends.web import SearchBudgetExhausted
 from search_rl.rollout.retriever_client import RetrieverError
 from search_rl.tracking import Tracker, build_tracker
 from search_rl.trainer.collect import RetrieverOutage
@@ -126,8 +127,9 @@ def run_main(
     logger: logging.Logger,
 ) -> None:
     """The body of an entry point's ``main``: the typed config, ``prepare`` (a setup error exits with code 2 and one
-    line saying that ``what`` cannot start), then ``train`` (a retriever outage, ``RetrieverOutage``, exits with
-    code 3 and one line; the last checkpoint is kept for a resume)."""
+    line saying that ``what`` cannot start), then ``train`` (a retriever outage, ``RetrieverOutage``, or a spent web
+    search budget, ``SearchBudgetExhausted``, exits with code 3 and one line; the last checkpoint is kept for a
+    resume)."""
     try:
         cfg = to_config(composed)
         prepared = prepare(cfg, OmegaConf.to_container(composed, resolve=True))  # type: ignore[arg-type]
@@ -136,7 +138,7 @@ def run_main(
         sys.exit(2)
     try:
         history = train(cfg, prepared)
-    except RetrieverOutage as e:  # the circuit breaker: the message says what to check; the traceback would not
+    except (RetrieverOutage, SearchBudgetExhausted) as e:  # the message says what to check; a traceback would not
         logger.error("stopped %s: %s", what, e)
         sys.exit(3)
     logger.info("done: %d steps logged; checkpoints and metrics in %s", len(history), cfg.trainer.default_local_dir)

@@ -30,7 +30,7 @@ from search_rl.data import PromptDataset, PromptLoader, read_rows
 from search_rl.launch import build_run_tracker, make_group, run_main, worker_session, worker_specs
 from search_rl.models import load_tokenizer, model_context_length
 from search_rl.protocol import PromptBatch
-from search_rl.rollout.retriever_client import RetrieverClient
+from search_rl.rollout.backends import build_retriever, write_backend_manifest
 from search_rl.tracking import RolloutDumper, Tracker
 from search_rl.trainer.checkpoint import CheckpointManager
 from search_rl.trainer.collect import AsyncCollector, Collector, RolloutSource, SyncCollector, Workers
@@ -66,7 +66,9 @@ def prepare(cfg: PPOConfig, config_dict: dict[str, Any] | None = None) -> Prepar
     cfg.validate(rollout.hf.max_model_len or model_context_length(cfg.model.path, tokenizer))
     check_mode(cfg)
     if rollout.do_search and rollout.max_turns > 0:
-        RetrieverClient(cfg.retriever).check_reachable()
+        retriever = build_retriever(cfg.retriever)
+        retriever.check_reachable()
+        write_backend_manifest(Path(cfg.trainer.default_local_dir) / "retrieval.json", cfg.retriever, retriever)
     train = PromptDataset(
         read_rows(cfg.data.train_files), tokenizer, rollout.max_prompt_tokens, cfg.data.filter_overlong_prompts
     )

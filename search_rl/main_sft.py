@@ -32,7 +32,7 @@ from search_rl.data import PromptDataset, PromptLoader, read_rows
 from search_rl.launch import build_run_tracker, make_group, run_main, worker_session, worker_specs
 from search_rl.models import load_tokenizer, model_context_length
 from search_rl.protocol import PromptBatch
-from search_rl.rollout.retriever_client import RetrieverClient
+from search_rl.rollout.backends import build_retriever
 from search_rl.sft.data import SFTDataset
 from search_rl.tracking import RolloutDumper, Tracker
 from search_rl.trainer.checkpoint import CheckpointManager
@@ -73,7 +73,7 @@ def prepare(cfg: SFTConfig, config_dict: dict[str, Any] | None = None) -> Prepar
     cfg.validate(rollout.hf.max_model_len or model_context_length(cfg.model.path, tokenizer))
     validating = bool(cfg.data.val_files) and cfg.trainer.test_freq > 0
     if validating and rollout.do_search and rollout.max_turns > 0:
-        RetrieverClient(cfg.retriever).check_reachable()
+        build_retriever(cfg.retriever).check_reachable()
     dataset = SFTDataset(
         cfg.data.train_files,
         tokenizer,

@@ -27,10 +27,10 @@ from search_rl.datatypes import RolloutResult
 from search_rl.models import dtype_of, load_model, load_tokenizer
 from search_rl.models.weights import save_hf_folder, tensor_aliases
 from search_rl.protocol import PromptBatch
+from search_rl.rollout.backends import build_retriever
 from search_rl.rollout.engines.base import RolloutEngine
 from search_rl.rollout.engines.factory import build_engine
 from search_rl.rollout.generation_manager import LLMGenerationManager
-from search_rl.rollout.retriever_client import RetrieverClient
 from search_rl.seeds import rank_seed
 from search_rl.workers import distributed as D
 
@@ -63,7 +63,7 @@ class GeneratorWorker:
         engine_model.requires_grad_(False)
         torch.nn.Module.to(engine_model, dtype=dtype_of(model.dtype))  # in place, like the actor's engine copy
         self.engine = self._build_engine(engine_model, rollout)
-        client = RetrieverClient(retriever)
+        client = build_retriever(retriever) if rollout.do_search and rollout.max_turns > 0 else None
         self.manager = LLMGenerationManager(self.engine, self.tokenizer, client, rollout.search_loop_config())
         self.pulls = 0
 

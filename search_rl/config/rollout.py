@@ -8,14 +8,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from search_rl.config.errors import ConfigError
+from search_rl.config.search_backends import RecordingConfig, SimulatedSearchConfig, WebSearchConfig, check_backend
 
 ENGINES = ("hf", "vllm")
 
 
 @dataclass
 class RetrieverClientConfig:
-    """How the rollout talks to the retriever service (``POST {url}/retrieve``)."""
+    """How the rollout searches: the retriever service (``POST {url}/retrieve``) or another backend, and whether
+    each retrieval is recorded or replayed (docs/retriever.md, "Search backends")."""
 
+    backend: str = "http"
+    """Search backend: ``http`` (the retriever service at ``url``), ``web`` (a web search API, ``retriever.web``),
+    ``simulated`` (a language model writes the documents, ``retriever.simulated``) or ``replay`` (answers only from
+    the recording ``retriever.recording.path``)."""
     url: str = "http://127.0.0.1:8000"
     """Base URL(s) of the retriever, comma-separated for several replicas (used round-robin, with failover).
     A trailing ``/retrieve`` is accepted and stripped. Quote it on the Hydra command line:
@@ -39,8 +45,15 @@ class RetrieverClientConfig:
     """Most requests in flight at once from one client."""
     trust_env: bool = False
     """Honour HTTP(S)_PROXY/NO_PROXY environment variables (off: the retriever is normally on a private network)."""
+    web: WebSearchConfig = field(default_factory=WebSearchConfig)
+    """Settings of ``backend=web``."""
+    simulated: SimulatedSearchConfig = field(default_factory=SimulatedSearchConfig)
+    """Settings of ``backend=simulated``."""
+    recording: RecordingConfig = field(default_factory=RecordingConfig)
+    """Record every retrieval to a SQLite file, or answer from one (any backend)."""
 
     def __post_init__(self) -> None:
+        check_backend(self.backend, self.recording)
         if not self.urls:
             raise ValueError("retriever.url is empty; give at least one base URL such as http://127.0.0.1:8000")
         for name in ("topk", "max_queries_per_request", "max_concurrency"):

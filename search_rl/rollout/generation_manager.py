@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -39,6 +39,7 @@ from search_rl.datatypes import (
 )
 from search_rl.protocol import PromptBatch
 from search_rl.rollout.actions import is_search_attempt, parse_action
+from search_rl.rollout.backends.meter import meter_metrics, meter_of
 from search_rl.rollout.engines.base import RolloutEngine
 from search_rl.rollout.observations import Observation, ObservationBuilder
 from search_rl.rollout.retriever_client import RetrieverClient, RetrieverError
@@ -52,6 +53,13 @@ class Retriever(Protocol):
     """What the loop needs from a search backend (``RetrieverClient`` is the HTTP one)."""
 
     async def search(self, queries: Sequence[str], topk: int | None = None) -> list[list[Passage]]: ...
+
+
+@runtime_checkable
+class KeyedRetriever(Protocol):
+    """A retriever whose answers have recording keys (``RecordingRetriever``); search calls point to them."""
+
+    def retrieval_keys(self, queries: Sequence[str], topk: int | None = None) -> list[str]: ...
 
 
 @dataclass
@@ -102,13 +110,19 @@ class LLMGenerationManager:
 
     def roll_out(self, prompts: PromptBatch, *, greedy: bool, seed: int | None) -> RolloutResult:
         """Rollouts of a ``PromptBatch`` without gradients (what the actor workers and the generators run), with the
-        retriever's retries of this call counted in ``rollout/retriever_retries``."""
+        retriever's retries of this call counted in ``rollout/retriever_retries`` and its cost meter's deltas in
+        ``rollout/search_calls``, ``rollout/search_cost_usd`` and ``rollout/searches_replayed``."""
         client = self.retriever
         retries_before = client.retries if isinstance(client, RetrieverClient) else 0
+        meter = meter_of(client)
+        before = meter.totals() if meter is not None else (0, 0.0, 0)
         with torch.no_grad():
             result = self.generate([list(p) for p in prompts.prompt_ids], greedy=greedy, seed=seed)
         if isinstance(client, RetrieverClient):
             result.metrics["rollout/retriever_retries"] = float(client.retries - retries_before)
+        meter = meter_of(client)  # a recording's meter is a fresh snapshot on each read
+        if meter is not None:
+            result.metrics.update(meter_metrics(before, meter.totals(), len(result.trajectories)))
         return result
 
     def generate(
@@ -226,6 +240,8 @@ class LLMGenerationManager:
                 raise
             logger.warning("retriever failed for %d queries; inserting error observations", len(searches))
             results = None
+        keyed = self.retriever if isinstance(self.retriever, KeyedRetriever) else None
+        keys = keyed.retrieval_keys([q for _, q in searches]) if keyed is not None else [None] * len(searches)
         for i, (s, query) in enumerate(searches):
             room = min(self.cfg.max_obs_tokens, self.cfg.max_response_tokens - len(s.ids))
             if results is None:
@@ -233,7 +249,8 @@ class LLMGenerationManager:
                 obs = self.obs.text(RETRIEVER_ERROR_TEXT, room)
             else:
                 obs = self.obs.passages(results[i], room)
-            s.calls.append(SearchCall(query, obs.passages if obs else (), failed=results is None))
+            passages = obs.passages if obs else ()
+            s.calls.append(SearchCall(query, passages, failed=results is None, retrieval_key=keys[i]))
             self._insert(s, obs)
 
     def _insert(self, s: _Sample, obs: Observation | None) -> None:

@@ -7,7 +7,9 @@ losses never see, drawn on a dark background and labelled "masked"), the answer,
 Filter by data source, reward, step and free text (question, response, answer, gold, outcome: ``read_wrong``,
 ``retrieval_missed``, ..., where a read-wrong answer came from: ``gold_passage``, ...). Keys: ``/`` search,
 ``n``/``p`` next/previous trajectory, ``q`` quit. The record format is in docs/training.md ("Metrics and rollout
-dumps"); the viewer needs no tokenizer.
+dumps"); the viewer needs no tokenizer. Each search lists the retrieval entry it used (``retrieval_key``, in runs that
+record retrievals); with ``--recording FILE`` (``retriever.recording.path``) the passages stored there are shown too,
+in full, as the search backend returned them.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Footer, Header, Input, Select, Static
 
 from search_rl.logging_setup import MESSAGE_FORMAT, configure_logging
+from search_rl.rollout.recording import RecordingStore
 from search_rl.tracking.jsonl import read_jsonl
 
 logger = logging.getLogger(__name__)
@@ -112,8 +115,28 @@ def model_text(text: str) -> Text:
     return out
 
 
-def render_record(record: dict[str, Any]) -> Text:
-    """The whole trajectory as styled text: header, turns (model vs retrieved), answer, gold, reward."""
+def retrieval_text(record: dict[str, Any], recording: RecordingStore | None = None) -> Text:
+    """Each search of a record with its retrieval entry, and with ``recording`` that entry's stored passages."""
+    out = Text()
+    calls = record.get("search_calls") or []
+    keys = [c.get("retrieval_key") for c in calls]
+    stored = recording.get_many([k for k in keys if k]) if recording is not None else {}
+    for i, call in enumerate(calls, 1):
+        key = call.get("retrieval_key")
+        where = f"entry {key}" if key else "not recorded"
+        out.append(f"search {i}: {call.get('query')!r} · {'FAILED · ' if call.get('failed') else ''}{where}\n")
+        entry = stored.get(key) if key else None
+        if recording is not None and key and entry is None:
+            out.append(f"  (not in {recording.path})\n", style="red")
+        for j, passage in enumerate(entry.passages if entry else (), 1):
+            out.append(f"  Doc {j} [{passage.id}] {passage.title}: ", style="bold")
+            out.append(f"{passage.text}\n", style=OBSERVATION_STYLE)
+    return out
+
+
+def render_record(record: dict[str, Any], recording: RecordingStore | None = None) -> Text:
+    """The whole trajectory as styled text: header, turns (model vs retrieved), answer, gold, reward, and each search's
+    retrieval entry (with ``recording``, its stored passages)."""
     out = Text()
     out.append(f"{record.get('question', '')}\n", style="bold")
     out.append(
@@ -161,6 +184,9 @@ def render_record(record: dict[str, Any]) -> Text:
         f"tokens {record.get('model_tokens')}/{record.get('response_tokens')} model/response\n",
         style="grey62",
     )
+    if record.get("search_calls"):
+        out.append("\nretrievals:\n", style="bold")
+        out.append(retrieval_text(record, recording))
     return out
 
 
@@ -186,9 +212,11 @@ class RolloutViewer(App[None]):
         Binding("p", "move(-1)", "previous"),
     ]
 
-    def __init__(self, records: list[dict[str, Any]], source_name: str = "") -> None:
+    def __init__(
+        self, records: list[dict[str, Any]], source_name: str = "", recording: RecordingStore | None = None
+    ) -> None:
         super().__init__()
-        self.records = records
+        self.records, self.recording = records, recording
         self.sub_title = f"{source_name} · {len(records)} trajectories"
         self.filters = Filters()
         self.shown: list[int] = list(range(len(records)))
@@ -239,7 +267,9 @@ class RolloutViewer(App[None]):
 
     def show_record(self, index: int | None) -> None:
         body = self.query_one("#body", Static)
-        body.update(render_record(self.records[index]) if index is not None else Text("no trajectory matches"))
+        body.update(
+            render_record(self.records[index], self.recording) if index is not None else Text("no trajectory matches")
+        )
         self.query_one("#detail", VerticalScroll).scroll_home(animate=False)
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
@@ -269,14 +299,16 @@ class RolloutViewer(App[None]):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("target", type=Path, help="a run folder, or one dump file (rollouts/*.jsonl, trajectories.jsonl)")
+    ap.add_argument("--recording", type=Path, help="the run's retrieval recording (retriever.recording.path)")
     args = ap.parse_args(argv)
     configure_logging(fmt=MESSAGE_FORMAT)
     try:
         records = load_records(args.target)
+        recording = RecordingStore(args.recording, read_only=True) if args.recording else None
     except FileNotFoundError as e:
         logger.error("%s", e)
         return 2
-    RolloutViewer(records, str(args.target)).run()
+    RolloutViewer(records, str(args.target), recording).run()
     return 0
 
 

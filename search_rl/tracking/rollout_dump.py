@@ -16,7 +16,9 @@ records to ``trajectories.jsonl``). One record per trajectory:
 ``reward``          the scalar reward; ``reward_components``: em, subem, f1, format, answered
 ``advantage``       mean advantage over the sample's loss tokens (training only, else null)
 ``stats``           turns, searches, search attempts, valid/invalid actions, truncations, retriever errors
-``search_calls``    ``[{"query", "passage_ids", "failed"}]``: each query sent, the ids of the passages shown for it
+``search_calls``    ``[{"query", "passage_ids", "failed", "retrieval_key"}]``: each query sent, the ids of the passages
+                    shown for it, and its entry in the run's retrieval recording (null when not recorded;
+                    ``python -m search_rl.tools.recordings show FILE KEY``)
 ``outcome``         ``correct``, ``no_answer``, ``wrong_no_search``, ``retrieval_missed`` or ``read_wrong``;
                     ``gold_retrieved``: a gold answer was in a passage shown (``search_rl.reward.search_stats``);
                     ``answer_source`` (read wrong only, else null): ``gold_passage``, ``other_passage``, ``not_shown``
@@ -98,7 +100,13 @@ def trajectory_record(
         "advantage": advantage,
         "stats": dataclasses.asdict(traj.stats),
         "search_calls": [
-            {"query": c.query, "passage_ids": [p.id for p in c.passages], "failed": c.failed} for c in traj.search_calls
+            {
+                "query": c.query,
+                "passage_ids": [p.id for p in c.passages],
+                "failed": c.failed,
+                "retrieval_key": c.retrieval_key,
+            }
+            for c in traj.search_calls
         ],
         "outcome": diagnosis.outcome,
         "gold_retrieved": diagnosis.gold_retrieved,

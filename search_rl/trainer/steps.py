@@ -29,6 +29,9 @@ SUMMED_ROLLOUT_METRICS = frozenset(
         "rollout/dropped_passages",
         "rollout/response_budget_hits",
         "rollout/gen_tokens_per_s",
+        "rollout/search_calls",
+        "rollout/search_cost_usd",
+        "rollout/searches_replayed",
     }
 )
 """Rollout metrics that are counts or rates of parallel workers: summed over shards (the rest are averaged)."""

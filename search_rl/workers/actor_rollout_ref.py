@@ -52,10 +52,10 @@ from search_rl.models.lora import (
 )
 from search_rl.models.weights import save_hf_folder, tensor_aliases, without_aliases
 from search_rl.protocol import PromptBatch, TrainBatch
+from search_rl.rollout.backends import build_retriever
 from search_rl.rollout.engines.base import RolloutEngine
 from search_rl.rollout.engines.factory import build_engine
 from search_rl.rollout.generation_manager import LLMGenerationManager
-from search_rl.rollout.retriever_client import RetrieverClient
 from search_rl.seeds import engine_seed, minibatch_shuffle_seed, rank_seed
 from search_rl.workers import distributed as D
 from search_rl.workers.forward import model_token_count, response_logprobs
@@ -165,7 +165,8 @@ class ActorRolloutRefWorker:
             D.shard(self.reference, self.spec, self.compute_dtype)
         self.trainable = TrainableModel(self.module, self.actor_cfg.optim, self.actor_cfg.grad_clip, self.spec, "actor")
         self.engine = self._build_engine()
-        client = RetrieverClient(self.retriever_cfg)
+        searching = self.rollout_cfg.do_search and self.rollout_cfg.max_turns > 0
+        client = build_retriever(self.retriever_cfg) if searching else None
         self.manager = LLMGenerationManager(self.engine, self.tokenizer, client, self.rollout_cfg.search_loop_config())
 
     def _build_engine(self) -> RolloutEngine:

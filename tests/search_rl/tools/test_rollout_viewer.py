@@ -76,7 +76,10 @@ def test_load_filter_render(tmp_path, tokenizer):
     # the search diagnosis: the first answer is right, the second wrong, and no passage shown held "Paris"
     assert "outcome:  correct · gold retrieved: yes" in plain
     assert "outcome:  retrieval_missed · gold retrieved: no" in render_record(records[1]).plain
-    assert records[1]["search_calls"] == [{"query": "capital of france", "passage_ids": ["7"], "failed": False}]
+    assert records[1]["search_calls"] == [
+        {"query": "capital of france", "passage_ids": ["7"], "failed": False, "retrieval_key": None}
+    ]
+    assert "search 1: 'capital of france' · not recorded" in render_record(records[1]).plain
     assert filter_records(records, Filters(text="retrieval_missed")) == [1, 3]
     assert records[0]["answer_source"] is None and records[1]["answer_source"] is None
 
