@@ -79,8 +79,13 @@ class RewardConfig:
     response, model tokens and observations, as the budget counts it. Below ``rollout.max_response_tokens``."""
     overlong_penalty_factor: float = 1.0
     """The overlong penalty at the budget (DAPO: 1.0); >= 0."""
+    search_penalty: float = 0.0
+    """Shaping: subtracted from the score per search the episode sent (0 = off), a price on retrieval such as a paid
+    web search; reported as the component ``search_penalty``. In ``[0, 1)``."""
 
     def __post_init__(self) -> None:
+        if not 0 <= self.search_penalty < 1:
+            raise ConfigError(f"reward.search_penalty must be in [0, 1), got {self.search_penalty}")
         if self.overlong_buffer_tokens < 0 or self.overlong_penalty_factor < 0:
             raise ConfigError(
                 f"reward.overlong_buffer_tokens ({self.overlong_buffer_tokens}) and reward.overlong_penalty_factor "

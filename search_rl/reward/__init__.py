@@ -15,6 +15,7 @@ from search_rl.reward.registry import REWARDS, RewardFn, compute_reward, reward_
 from search_rl.reward.shaping import (
     PARTIAL_CREDITS,
     apply_overlong_penalty,
+    apply_search_penalty,
     overlong_penalty,
     shape_reward,
     shaping_enabled,
@@ -26,6 +27,7 @@ __all__ = [
     "REWARDS",
     "RewardFn",
     "apply_overlong_penalty",
+    "apply_search_penalty",
     "compute_reward",
     "exact_match",
     "extract_answer",

@@ -2,8 +2,9 @@
 
 ``score_trajectories`` picks each sample's reward function by its ``data_source`` (``reward.by_data_source``, then
 the built-in table, then ``reward.default``) and applies the configured shaping (``reward.format_score``,
-``reward.partial_credit``, ``reward.overlong_buffer_tokens``; ``search_rl/reward/shaping.py``) to the score, never
-to the answer components (the overlong penalty is reported as a component of its own). Training,
+``reward.partial_credit``, ``reward.overlong_buffer_tokens``, ``reward.search_penalty``;
+``search_rl/reward/shaping.py``) to the score, never to the answer components (the overlong and search penalties are
+reported as components of their own). Training,
 validation and ``main_eval`` all score here, so they see the same rewards. ``reward_metrics`` gives the
 training-step view (means per data source, the share of GRPO groups whose rewards are all equal: no learning
 signal). ``answer_metrics`` gives the evaluation view: EM / sub-EM / F1, answer rate and searches per question,
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 from search_rl.config import RewardConfig
 from search_rl.datatypes import GroundTruth, RewardResult, Trajectory
 from search_rl.protocol import PromptBatch
-from search_rl.reward import apply_overlong_penalty, reward_fn_for, shape_reward
+from search_rl.reward import apply_overlong_penalty, apply_search_penalty, reward_fn_for, shape_reward
 from search_rl.reward.search_stats import diagnose, summarize
 
 ANSWER_KEYS = ("em", "subem", "f1")
@@ -56,6 +57,8 @@ def score_trajectories(
                 cfg.overlong_buffer_tokens,
                 cfg.overlong_penalty_factor,
             )
+        if cfg.search_penalty > 0:
+            result = apply_search_penalty(result, traj.stats.searches, cfg.search_penalty)
         results.append(result)
     return results
 

@@ -28,6 +28,11 @@ exhaustion cuts an episode short (``stop_reason = max_response_tokens``); the pe
 before the cut, and a long ``<information>`` block brings the cut closer as much as long reasoning does. Near the
 budget it can make a right answer score below a wrong one, as DAPO intends. It is reported as the component
 ``overlong_penalty``.
+
+**Per-search penalty** (``apply_search_penalty``, off by default): each search the episode sent costs
+``reward.search_penalty`` (a price on retrieval, e.g. when the search engine is a paid web API); reported as the
+component ``search_penalty``. It pushes the policy towards fewer searches, also where a search would have found the
+answer, so keep it well below the reward of a right answer.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ __all__ = [
     "MAX_FORMAT_SCORE",
     "PARTIAL_CREDITS",
     "apply_overlong_penalty",
+    "apply_search_penalty",
     "overlong_penalty",
     "shape_reward",
     "shaping_enabled",
@@ -123,3 +129,13 @@ def apply_overlong_penalty(
         return result
     penalty = overlong_penalty(response_tokens, max_response_tokens, buffer_tokens, factor)
     return RewardResult(result.score + penalty, {**result.components, "overlong_penalty": penalty})
+
+
+def apply_search_penalty(result: RewardResult, searches: int, per_search: float) -> RewardResult:
+    """``result`` with ``-per_search * searches`` added to its score and reported as component ``search_penalty``.
+
+    >>> apply_search_penalty(RewardResult(1.0, {"em": 1.0}), 2, 0.05)
+    RewardResult(score=0.9, components={'em': 1.0, 'search_penalty': -0.1})
+    """
+    penalty = -per_search * searches
+    return RewardResult(round(result.score + penalty, 12), {**result.components, "search_penalty": penalty})

@@ -7,6 +7,7 @@ an HTTP retriever (its ``/health``), the web provider and the day, the simulatin
 one file a user can copy: WAL journal and a busy timeout, so several processes (Ray workers, generators) write to it
 at once. Modes: ``record`` writes through, ``replay`` answers only from the file (a miss is a ``RecordingMiss``
 naming the query, or goes to the live backend with ``on_miss=live``), ``cache`` answers hits and records misses.
+A query asked twice in one batch is searched once.
 """
 
 from __future__ import annotations
@@ -314,8 +315,9 @@ class RecordingRetriever:
                 "record or cache, or set retriever.recording.on_miss=live"
             )
         self.hits += len(queries) - len(missing)
-        self.misses += len(missing)
-        live = await self._search_live([queries[i] for i in missing], [keys[i] for i in missing], k)
+        unique = list({keys[i]: i for i in reversed(missing)}.values())[::-1]  # a query asked twice costs one call
+        self.misses += len(unique)
+        live = await self._search_live([queries[i] for i in unique], [keys[i] for i in unique], k)
         out: list[list[Passage]] = []
         for key in keys:
             out.append(list(found[key].passages) if key in found else live[key])

@@ -55,6 +55,12 @@ PANELS = (
         _matches(r"rollout/(searches_mean|turns_mean|valid_action_rate|answer_rate)"),
     ),
     Panel(
+        "search_cost",
+        "Search cost per step: live backend calls, answers replayed, estimated USD (docs/retriever.md)",
+        "count / USD",
+        _matches(r"rollout/(search_calls|searches_replayed|search_cost_usd)"),
+    ),
+    Panel(
         "search_quality",
         "Searches: valid, duplicate, gold answer retrieved",
         "rate",
