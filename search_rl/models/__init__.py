@@ -1,4 +1,5 @@
-"""Model loading: the packaged SmolLM2 GGUF (cached conversion), local HF directories, the tiny random model."""
+"""Model loading: the packaged SmolLM2 GGUF (cached conversion), local HF directories, hub ids (from the HF cache
+offline), the tiny random model."""
 
 from search_rl.models.loading import (
     SMOLLM2,
@@ -7,6 +8,7 @@ from search_rl.models.loading import (
     load_model,
     load_tokenizer,
     model_context_length,
+    model_dir,
     smollm2_gguf_path,
 )
 from search_rl.models.tiny import build_tiny_model
@@ -19,5 +21,6 @@ __all__ = [
     "load_model",
     "load_tokenizer",
     "model_context_length",
+    "model_dir",
     "smollm2_gguf_path",
 ]

@@ -9,8 +9,11 @@ Sources understood by ``load_model`` / ``load_tokenizer``:
 - a local HF model directory (``config.json`` + weights): loaded as it is; a trainer checkpoint folder
   (``global_step_N/``, from ``main_ppo`` or ``main_sft``) loads its ``actor/`` model.
 - ``"tiny"`` (model only): a 2-layer random Llama sized to the tokenizer, built deterministically on the fly.
+- a hub id such as ``Qwen/Qwen2.5-3B-Instruct`` (not an existing path): its snapshot from the HF cache
+  (``huggingface_hub.snapshot_download``: downloaded when online; with ``HF_HUB_OFFLINE=1`` only the cache is read,
+  and a model missing there is an error that says so).
 
-Nothing is ever downloaded: ``local_files_only=True`` on every ``from_pretrained``.
+Every ``from_pretrained`` then reads the resolved local folder (``local_files_only=True``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import hashlib
 import importlib.util
 import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -161,11 +165,35 @@ def _local_dir(source: str) -> Path:
     if not (path / "config.json").is_file() and (path / "actor" / "config.json").is_file():
         return path / "actor"
     if not (path / "config.json").is_file() and not (path / "tokenizer_config.json").is_file():
+        if _HUB_ID.fullmatch(source) and not path.exists():
+            return hub_snapshot(source)
         raise FileNotFoundError(
-            f"model source {source!r} is not {SMOLLM2!r}, 'tiny', a .gguf file, or a local HF directory "
-            "with config.json (nothing is downloaded from a hub)"
+            f"model source {source!r} is not {SMOLLM2!r}, 'tiny', a .gguf file, a local HF directory "
+            "with config.json, or a hub id (org/name)"
         )
     return path
+
+
+_HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
+
+
+def hub_snapshot(repo_id: str) -> Path:
+    """The local snapshot folder of hub model ``repo_id``: downloaded (weights, config, tokenizer) when online, read
+    from the HF cache when ``HF_HUB_OFFLINE=1``.
+
+    Raises:
+        FileNotFoundError: offline and not in the cache, or the hub cannot be reached.
+    """
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken"]
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as e:
+        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "false", "")
+        hint = "it is not in the HF cache (HF_HUB_OFFLINE=1)" if offline else "it could not be downloaded"
+        raise FileNotFoundError(f"model {repo_id!r}: {hint}; fetch it once online or give a local folder") from e
 
 
 def local_model_dir(source: str) -> Path:
@@ -177,15 +205,21 @@ def local_model_dir(source: str) -> Path:
     return _local_dir(source)
 
 
+def model_dir(source: str) -> Path:
+    """The HF folder holding ``source``'s weights (GGUF sources are converted once; not for ``"tiny"``).
+
+    Raises:
+        FileNotFoundError: no such model.
+    """
+    gguf = _gguf_source(source)
+    return gguf_model_dir(gguf) if gguf is not None else _local_dir(source)
+
+
 def model_context_length(source: str, tokenizer: PreTrainedTokenizerBase) -> int:
     """The model's ``max_position_embeddings`` without loading its weights (GGUF sources are converted once)."""
     if source == "tiny":
         return int(tiny_llama_config(tokenizer).max_position_embeddings)
-    if source == SMOLLM2 or source.endswith(".gguf"):
-        directory = gguf_model_dir(smollm2_gguf_path() if source == SMOLLM2 else Path(source).expanduser())
-    else:
-        directory = local_model_dir(source)
-    return int(AutoConfig.from_pretrained(directory, local_files_only=True).max_position_embeddings)
+    return int(AutoConfig.from_pretrained(model_dir(source), local_files_only=True).max_position_embeddings)
 
 
 def load_tokenizer(source: str = SMOLLM2) -> PreTrainedTokenizerBase:
