@@ -45,7 +45,7 @@ from search_rl.datatypes import Trajectory
 from search_rl.models import dtype_of, load_model, load_tokenizer
 from search_rl.protocol import PromptBatch
 from search_rl.reward.scoring import answer_metrics, pass_at_k_metrics, score_trajectories
-from search_rl.rollout.engines.hf import HFEngine
+from search_rl.rollout.engines.factory import build_standalone_engine
 from search_rl.rollout.generation_manager import LLMGenerationManager
 from search_rl.rollout.prompts import encode_prompt
 from search_rl.rollout.retriever_client import RetrieverClient, RetrieverError
@@ -107,7 +107,7 @@ def evaluate(cfg: EvalConfig) -> EvalResult:
     questions = baseline_prompts(cfg, dataset, dataset.subset_indices(cfg.data.max_samples, cfg.data.seed), tokenizer)
     prompts = questions.repeat_interleave(k)  # a question's samples adjacent: its prompt is encoded once
     model = load_model(cfg.model.path, dtype=dtype_of(cfg.model.dtype), seed=cfg.model.seed)
-    engine = HFEngine(model, tokenizer, cfg.rollout.hf)
+    engine = build_standalone_engine(cfg.rollout, tokenizer, cfg.model, policy=model)
     manager = LLMGenerationManager(engine, tokenizer, RetrieverClient(cfg.retriever) if search else None, rollout)
     trajectories: list[Trajectory] = []
     start = time.perf_counter()

@@ -29,7 +29,14 @@ from search_rl.config.loading import (
 from search_rl.config.model import DTYPES, ModelConfig, OptimConfig, check_trainable_dtype
 from search_rl.config.ppo import DEFAULT_GROUP_SIZE, PPOConfig
 from search_rl.config.roles import ActorConfig, ActorRolloutRefConfig, CriticConfig, RefConfig
-from search_rl.config.rollout import ENGINES, HFEngineConfig, RetrieverClientConfig, RolloutConfig, TrainRolloutConfig
+from search_rl.config.rollout import (
+    ENGINES,
+    HFEngineConfig,
+    RetrieverClientConfig,
+    RolloutConfig,
+    TrainRolloutConfig,
+    VLLMEngineConfig,
+)
 from search_rl.config.run import DEVICES, LOGGERS, DataConfig, RewardConfig, StepSettings, TrainerConfig
 from search_rl.config.sft import SFT_TRAIN_FILE, SFTActorConfig, SFTConfig, SFTRolloutConfig
 
@@ -55,6 +62,7 @@ __all__ = [
     "EvalDataConfig",
     "EvalRolloutConfig",
     "HFEngineConfig",
+    "VLLMEngineConfig",
     "ModelConfig",
     "OptimConfig",
     "PPOConfig",

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from search_rl.config.errors import ConfigError
 from search_rl.config.model import ModelConfig
-from search_rl.config.rollout import HFEngineConfig, RetrieverClientConfig, RolloutConfig
+from search_rl.config.rollout import ENGINES, HFEngineConfig, RetrieverClientConfig, RolloutConfig, VLLMEngineConfig
 from search_rl.config.run import RewardConfig
 
 BASELINES = ("search", "no_search", "naive_rag")
@@ -30,8 +30,19 @@ class EvalRolloutConfig(RolloutConfig):
     """The search loop of evaluation (greedy unless ``n_samples > 1``) and its HF engine, under the same key paths as
     in training: ``actor_rollout_ref.rollout.*`` and ``actor_rollout_ref.rollout.hf.*``."""
 
+    engine: str = "hf"
+    """Generation backend, as in training: ``hf`` or ``vllm``."""
     hf: HFEngineConfig = field(default_factory=HFEngineConfig)
     """HF engine settings."""
+    gpu_memory_utilization: float = 0.9
+    """``vllm`` engine: share of GPU memory it may take (no trainer shares it here)."""
+    vllm: VLLMEngineConfig = field(default_factory=VLLMEngineConfig)
+    """vLLM engine settings."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.engine not in ENGINES:
+            raise ValueError(f"actor_rollout_ref.rollout.engine must be one of {ENGINES}, got {self.engine!r}")
 
 
 @dataclass

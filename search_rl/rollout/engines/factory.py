@@ -9,17 +9,30 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from search_rl.config import TrainRolloutConfig
+from search_rl.config import HFEngineConfig, ModelConfig, VLLMEngineConfig
+from search_rl.models import dtype_of, load_model, model_dir
+from search_rl.models.weights import save_hf_folder, tensor_aliases
 from search_rl.rollout.engines.base import RolloutEngine
 from search_rl.rollout.engines.hf import HFEngine
 
 
+class EngineSettings(Protocol):
+    """The engine keys of ``actor_rollout_ref.rollout`` (training's ``TrainRolloutConfig``, evaluation's
+    ``EvalRolloutConfig``)."""
+
+    engine: str
+    hf: HFEngineConfig
+    vllm: VLLMEngineConfig
+    gpu_memory_utilization: float
+
+
 def build_engine(
-    cfg: TrainRolloutConfig,
+    cfg: EngineSettings,
     tokenizer: PreTrainedTokenizerBase,
     *,
     model: PreTrainedModel | None,
@@ -31,7 +44,7 @@ def build_engine(
     """The engine ``cfg.engine`` names.
 
     Args:
-        cfg: the rollout settings (``engine``, ``hf``, vLLM's memory settings).
+        cfg: the rollout settings (``engine``, ``hf``, ``vllm``, ``gpu_memory_utilization``).
         tokenizer: the policy's tokenizer.
         model: the engine's own full copy of the policy (the HF engine generates with it; moved to ``device`` in
             place); None when only an engine that loads from disk is possible.
@@ -49,6 +62,7 @@ def build_engine(
         directory = export(tempfile.mkdtemp(prefix=f"search-rl-{name}-"))
         return VLLMEngine(
             str(directory),
+            settings=cfg.vllm,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             max_model_len=cfg.hf.max_model_len,
             seed=seed,
@@ -57,3 +71,22 @@ def build_engine(
         raise ValueError("build_engine: the hf engine needs the model it generates with")
     torch.nn.Module.to(model, device)  # in place
     return HFEngine(model, tokenizer, cfg.hf)
+
+
+def build_standalone_engine(
+    cfg: EngineSettings, tokenizer: PreTrainedTokenizerBase, model: ModelConfig, policy: PreTrainedModel | None = None
+) -> RolloutEngine:
+    """An engine for the model ``model.path`` names, outside training (evaluation, benchmarks), on CPU. vLLM loads the
+    model's own folder (in its saved dtype); the HF engine generates with ``policy`` (loaded in ``model.dtype`` when
+    not given)."""
+    cpu = torch.device("cpu")
+    if cfg.engine == "vllm" and model.path != "tiny":
+        directory = model_dir(model.path)
+        return build_engine(cfg, tokenizer, model=None, export=lambda _: directory, device=cpu, seed=model.seed)
+    loaded = policy if policy is not None else load_model(model.path, dtype=dtype_of(model.dtype), seed=model.seed)
+
+    def export(directory: str) -> Path:
+        aliases = tensor_aliases(loaded)
+        return save_hf_folder(directory, loaded.state_dict(), loaded.config, aliases=aliases, tokenizer=tokenizer)
+
+    return build_engine(cfg, tokenizer, model=loaded, export=export, device=cpu, seed=model.seed, name="eval")

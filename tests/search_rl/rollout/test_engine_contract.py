@@ -3,7 +3,8 @@
 The checks are model-agnostic (a random model, frequent one-character stop strings), so the same assertions hold
 for any engine: one result per prompt in order, nothing after a stop, limits honoured, greedy deterministic.
 
-Run: python -m pytest tests/search_rl/rollout/test_engine_contract.py -q
+Run: python -m pytest tests/search_rl/rollout/test_engine_contract.py -q   (vLLM cases: .venv-vllm/bin/python, make
+install-vllm)
 """
 
 from __future__ import annotations
@@ -28,14 +29,21 @@ def tiny_dir(tmp_path_factory, tokenizer):
     return path
 
 
-@pytest.fixture(params=["hf", "vllm"])
+@pytest.fixture(scope="module")
+def vllm_engine(tiny_dir):
+    """One vLLM engine for the module's cases (they do not change its weights): a start costs tens of seconds."""
+    pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm, or search-rl[vllm] on GPU)")
+    from search_rl.config import VLLMEngineConfig
+    from search_rl.rollout.engines.vllm import VLLMEngine
+
+    return VLLMEngine(str(tiny_dir), settings=VLLMEngineConfig(kv_cache_gib=0.25))
+
+
+@pytest.fixture(params=["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
 def engine(request, tiny_model, tokenizer) -> RolloutEngine:
     if request.param == "hf":
         return HFEngine(tiny_model, tokenizer)
-    pytest.importorskip("vllm", reason="vLLM is not installed (GPU extra search-rl[vllm])")
-    from search_rl.rollout.engines.vllm import VLLMEngine
-
-    return VLLMEngine(str(request.getfixturevalue("tiny_dir")), gpu_memory_utilization=0.3, enforce_eager=True)
+    return request.getfixturevalue("vllm_engine")
 
 
 def _prompts(tokenizer):
