@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from search_rl.config import RetrieverClientConfig
+from search_rl.config import ConfigError, RetrieverClientConfig
 from search_rl.datatypes import Passage
 from search_rl.rollout.backends.meter import CostMeter, meter_metrics, meter_of
 
@@ -57,20 +57,20 @@ def recorded_fingerprint(store: RecordingStore, wanted: str | None) -> Fingerpri
     """The fingerprint a replay-only run answers as: ``wanted`` (an id), or the only one in the recording.
 
     Raises:
-        ValueError: the id is not in the file, or the file holds several and none was chosen.
+        ConfigError: the id is not in the file, or the file holds several and none was chosen.
     """
     from search_rl.rollout.recording import Fingerprint
 
     known = {fid: desc for fid, desc, _ in store.fingerprints()}
     if wanted is not None:
         if wanted not in known:
-            raise ValueError(
+            raise ConfigError(
                 f"retriever.recording.fingerprint={wanted} is not in {store.path}; it holds {sorted(known) or 'none'}"
             )
         return Fingerprint.parse(known[wanted])
     if len(known) != 1:
         listing = "; ".join(f"{fid} {desc}" for fid, desc in known.items()) or "no recorded backend"
-        raise ValueError(
+        raise ConfigError(
             f"retriever.backend=replay: {store.path} holds {len(known)} recorded backends ({listing}); choose one "
             "with retriever.recording.fingerprint=<id>"
         )
@@ -82,7 +82,7 @@ def build_retriever(cfg: RetrieverClientConfig) -> SearchBackend:
 
     Raises:
         FileNotFoundError: ``replay`` and no recording at ``retriever.recording.path``.
-        ValueError: a web backend without its API key; an ambiguous replay fingerprint.
+        ConfigError: a web backend without its API key; an ambiguous replay fingerprint.
         RetrieverError: ``record``/``cache``/``replay`` over ``http`` and the retriever's ``/health`` cannot be read.
     """
     from search_rl.rollout.recording import RecordingRetriever, RecordingStore

@@ -21,6 +21,7 @@ from html.parser import HTMLParser
 
 import httpx
 
+from search_rl.config.errors import ConfigError
 from search_rl.config.search_backends import WebSearchConfig
 from search_rl.datatypes import Passage
 from search_rl.rollout.backends.meter import CostMeter
@@ -73,13 +74,13 @@ class WebBackend:
         default_topk: ``retriever.topk``.
 
     Raises:
-        ValueError: the key's environment variable is unset.
+        ConfigError: the key's environment variable is unset.
     """
 
     def __init__(self, cfg: WebSearchConfig, default_topk: int) -> None:
         key = os.environ.get(cfg.key_env, "")
         if not key:
-            raise ValueError(
+            raise ConfigError(
                 f"retriever.backend=web with provider {cfg.provider} reads its API key from ${cfg.key_env}, which is "
                 "unset; export it (or point retriever.web.api_key_env at the variable that holds it)"
             )
