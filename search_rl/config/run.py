@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from search_rl.config.errors import ConfigError
+from search_rl.config.health import HealthConfig, check_stop_on
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -185,6 +186,11 @@ class TrainerConfig:
     max_generator_restarts: int = 3
     """Generator actors that die are replaced (their unit generated again) this many times per run; then the run
     stops with an error."""
+    health: HealthConfig = field(default_factory=HealthConfig)
+    """Early warnings of a collapsing run: thresholds (docs/evaluation.md#early-warnings-during-training)."""
+    stop_on: list[str] = field(default_factory=list)
+    """Warnings that stop the run after saving a checkpoint, e.g. ``[entropy_collapse,length_blowup]`` (empty = warn
+    only; names in ``trainer.health``'s docs)."""
 
     @property
     def samples_may_be_stale(self) -> bool:
@@ -215,6 +221,7 @@ class TrainerConfig:
         if self.cpus_per_worker <= 0 or self.worker_timeout_s <= 0 or self.max_ckpt_to_keep < 0:
             raise ConfigError("trainer.cpus_per_worker and worker_timeout_s must be > 0, max_ckpt_to_keep >= 0")
         self._check_mode()
+        check_stop_on(self.stop_on, self.health)
 
     def _check_mode(self) -> None:
         if self.mode not in TRAINER_MODES:

@@ -3,8 +3,9 @@
 Reads ``<run>/metrics.jsonl`` (docs/training.md lists the keys) and writes one PNG per panel to ``<run>/plots/``:
 reward and EM per data source, KL, entropy, response length, searches per trajectory, the search diagnostics
 (valid-search and duplicate-query rates, gold retrieved, why answers are wrong, EM by number of searches, answer
-length; see ``search_rl.reward.search_stats``), and time per phase. Panels whose metrics are absent (no critic, no
-validation) are skipped. Uses matplotlib's Agg backend: no display needed.
+length; see ``search_rl.reward.search_stats``), the early warnings (``search_rl.reward.health``), and time per
+phase. Panels whose metrics are absent (no critic, no validation) are skipped. Uses matplotlib's Agg backend: no
+display needed.
 """
 
 from __future__ import annotations
@@ -78,6 +79,12 @@ PANELS = (
         "Answer length (words of the extracted answer)",
         "words",
         _matches(r"(rollout|val/all)/answer_words_mean"),
+    ),
+    Panel(
+        "health",
+        "Early warnings: flags (1 = fired), <think> repetition, answers copied",
+        "share",
+        _matches(r"health/.+"),
     ),
     Panel("timing", "Time per phase", "seconds", lambda k: k.startswith("timing/") and k != "timing/step_s"),
     Panel("losses", "Losses", "loss", _matches(r"actor/(pg_loss|loss)|critic/vf_loss|sft/nll")),

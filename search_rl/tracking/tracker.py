@@ -25,6 +25,9 @@ from search_rl.tracking.jsonl import jsonl_lines
 
 logger = logging.getLogger(__name__)
 
+WARN_PREFIX = "health/warn_"
+"""Health warning flags (``search_rl/reward/health.py``): a step whose flag is 1 shows ``WARNING <signal>``."""
+
 CONSOLE_KEYS = (
     ("reward", "reward/score_mean"),
     ("em", "reward/em"),
@@ -72,6 +75,8 @@ class ConsoleSink:
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         parts = [f"step {step}/{self.total_steps}"]
         parts += [f"{label} {metrics[key]:.4g}" for label, key in CONSOLE_KEYS if key in metrics]
+        warned = sorted(k.removeprefix(WARN_PREFIX) for k, v in metrics.items() if k.startswith(WARN_PREFIX) and v)
+        parts += [f"WARNING {','.join(warned)}"] if warned else []
         self.log_.info(" | ".join(parts))
 
     def close(self) -> None:

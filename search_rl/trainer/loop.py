@@ -24,6 +24,7 @@ from search_rl.algorithms.masked import masked_mean
 from search_rl.config import RewardConfig, TrainerConfig
 from search_rl.datatypes import RewardResult, RolloutResult, Trajectory
 from search_rl.protocol import PromptBatch, TrainBatch
+from search_rl.reward.health import HealthMonitor
 from search_rl.reward.scoring import answer_metrics, score_trajectories
 from search_rl.tracking import RolloutDumper, Tracker, timer
 from search_rl.trainer.checkpoint import TRAINER_STATE, CheckpointManager
@@ -111,6 +112,7 @@ class TrainingLoop:
         self.cfg, self.step_fn, self.actor, self.critic = cfg, step, actor, critic
         self.validation, self.tracker, self.checkpoints, self.dumper = validation, tracker, checkpoints, dumper
         self.step = 0
+        self.health = HealthMonitor(cfg.health) if cfg.health.enabled else None
 
     def fit(self) -> History:
         """Train to ``total_training_steps``; returns the logged history ``[(step, metrics), ...]``."""
@@ -123,11 +125,21 @@ class TrainingLoop:
             if self._due(self.cfg.test_freq) and self.validation is not None:
                 with timer("validate", metrics):
                     metrics.update(self.validate())
-            if self._due(self.cfg.save_freq):
+            stop = self.stop_signals(metrics)
+            if self._due(self.cfg.save_freq) or stop:
                 self.save(metrics)
             else:
                 self.tracker.log(metrics, self.step)
+            if stop:
+                logger.error("stopping at step %d on %s (trainer.stop_on); checkpoint saved", self.step, stop)
+                break
         return self.tracker.history
+
+    def stop_signals(self, metrics: dict[str, float]) -> list[str]:
+        """The step's health warnings (``reward/health.py``, flags added to ``metrics``) that ``trainer.stop_on``
+        names."""
+        warnings = self.health.check(metrics, self.step) if self.health is not None else []
+        return [w.signal for w in warnings if w.signal in self.cfg.stop_on]
 
     def validate(self) -> dict[str, float]:
         """Greedy rollouts of the validation prompts; EM / sub-EM / F1, answer rate, searches per data source."""

@@ -21,6 +21,7 @@ from search_rl.algorithms import build_kl_controller
 from search_rl.algorithms.masked import masked_mean
 from search_rl.config import AlgorithmConfig, StepSettings
 from search_rl.protocol import PromptBatch, TrainBatch
+from search_rl.reward.health import trajectory_health
 from search_rl.reward.scoring import score_trajectories
 from search_rl.tracking import timer
 from search_rl.trainer.collect import Collected, Collector, Workers
@@ -66,6 +67,7 @@ class PPOStep:
         with timer("step", m):
             c = self.collector.collect(step, m)
             batch = self.learn(c, m)
+            m.update(trajectory_health(c.trajectories))
             self.dumper.dump("train", step, c.prompts, c.trajectories, c.results, batch, batch.meta.weight_version)
         throughput_metrics(m, batch)
         return m
