@@ -7,6 +7,11 @@ retrieved passage) and, for each row after the first, a paired comparison with t
 gets right that the other gets wrong and the reverse, and the exact two-sided McNemar p-value of that split (is the EM
 difference more than noise on these questions?). Rows must cover the same questions; a mismatch is an error naming
 the folders and the count of questions each has alone.
+
+Rows must also have been made the same way: their fingerprints (``metrics.json``'s ``fingerprint``, written by
+``main_eval``: retriever and corpus, top-k, template, budgets, data files, packages) must agree except in the model,
+or the command refuses and names every difference. ``--allow retriever.topk`` (a dotted key or a section such as
+``retriever``) says a difference is intended; intended differences are printed under the table.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from search_rl.evaluation.comparisons import check_comparable
 from search_rl.tracking.jsonl import iter_jsonl
 
 COLUMNS = (
@@ -38,6 +45,8 @@ class EvalRun:
     folder: Path
     metrics: dict[str, float]
     em: dict[str, float]
+    fingerprint: dict[str, Any] | None = None
+    """What produced the evaluation (``search_rl.evaluation.fingerprint``); None for evaluations made before."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +85,7 @@ def load_eval(name: str, folder: Path) -> EvalRun:
     """
     run = run_folder(folder)
     metrics = json.loads((run / "metrics.json").read_text())
+    fingerprint = metrics.pop("fingerprint", None)
     if int(metrics.get("n_samples", 1)) > 1:
         raise ValueError(
             f"{run}: a sampled evaluation (n_samples={metrics['n_samples']}); the paired test compares greedy "
@@ -89,7 +99,7 @@ def load_eval(name: str, folder: Path) -> EvalRun:
         except (KeyError, TypeError) as e:
             raise ValueError(f"{path}:{line_no}: trajectory without uid or reward_components.em ({e})") from e
         em.setdefault(uid, score)  # several samples per question: the first (greedy evaluation has one)
-    return EvalRun(name, run, metrics, em)
+    return EvalRun(name, run, metrics, em, fingerprint)
 
 
 def mcnemar_p(better: int, worse: int) -> float:
@@ -133,11 +143,20 @@ def describe(p: Paired) -> str:
     return f"{p.other} vs {p.base}: better on {p.better}, worse on {p.worse} questions; exact McNemar p = {p.p:.3f}"
 
 
-def report(runs: list[EvalRun]) -> str:
-    """Table, question count, and the paired comparison of each row with the one before it."""
+def report(runs: list[EvalRun], allow: tuple[str, ...] = ()) -> str:
+    """Table, question count, the paired comparison of each row with the one before it, and the intended
+    differences of the runs' fingerprints.
+
+    Raises:
+        ValueError: fingerprints differ in a key ``allow`` does not name (``evaluation.comparisons``).
+    """
+    intended = check_comparable([r.name for r in runs], [r.fingerprint for r in runs], allow)
     n = len(runs[0].em)
     comparisons = [describe(paired(a, b)) for a, b in zip(runs, runs[1:], strict=False)]
-    return "\n".join([table(runs), "", f"{n} questions, greedy; paired EM:", *(f"- {c}" for c in comparisons)])
+    lines = [table(runs), "", f"{n} questions, greedy; paired EM:", *(f"- {c}" for c in comparisons)]
+    if intended:
+        lines += ["", "Differences in how the rows were made (intended):", *(f"- {d}" for d in intended)]
+    return "\n".join(lines)
 
 
 def parse_spec(spec: str) -> tuple[str, Path]:
@@ -155,10 +174,17 @@ def parse_spec(spec: str) -> tuple[str, Path]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", metavar="NAME=DIR", help="evaluations to compare, in table order")
+    ap.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="an intended fingerprint difference: a dotted key (retriever.topk) or a section (retriever); repeatable",
+    )
     args = ap.parse_args(argv)
     try:
         runs = [load_eval(*parse_spec(s)) for s in args.runs]
-        sys.stdout.write(report(runs) + "\n")
+        sys.stdout.write(report(runs, tuple(args.allow)) + "\n")
     except (ValueError, FileNotFoundError) as e:
         sys.stderr.write(f"compare_evals: {e}\n")
         return 2

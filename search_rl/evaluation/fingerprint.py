@@ -1,0 +1,211 @@
+"""The fingerprint of an evaluation: everything that decides its numbers besides the policy's luck.
+
+``main_eval`` writes it into ``metrics.json`` (key ``fingerprint``), and ``compare_evals`` refuses to put two results
+with different fingerprints in one table unless the differences are named as intended. Sections:
+
+- ``model``: the weights' sha256 (over the loaded tensors, so a GGUF, a checkpoint and the ``tiny`` model are
+  hashed alike), the source path and the compute dtype;
+- ``template``: the baseline, the template file's sha256 (``no_search``/``naive_rag``) and the sha256 of every
+  evaluated prompt's token ids (the ``search`` baseline's prompt is baked into the rows);
+- ``budgets``: turns, token budgets, decoding (greedy, or ``n_samples`` at a temperature);
+- ``retriever``: what the retriever's ``GET /health`` reports (method, documents, index key, which hashes the corpus
+  file and the index settings, encoder) plus top-k, or the dict a search backend describes itself with;
+- ``data``: sha256 of every dataset file, the subset size and seed;
+- ``reward``: the scoring settings;
+- ``packages``: versions of python, torch, transformers, search-rl (and vllm when installed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import logging
+import platform
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+from retriever_server.corpus import file_sha256
+from search_rl.config import EvalConfig
+from search_rl.data import resolve_data_path
+
+logger = logging.getLogger(__name__)
+
+PACKAGES = ("search-rl", "torch", "transformers", "vllm")
+"""Distributions whose versions are pinned (absent ones are left out)."""
+HEALTH_KEYS = ("method", "num_documents", "index_path", "encoder_model", "corpus_sha256")
+"""The fields of the retriever's ``GET /health`` that describe what it searches (``index_path`` is the index key:
+``<method>-<sha256 of corpus sha256, method and index settings>``)."""
+
+Fingerprint = dict[str, dict[str, Any]]
+
+
+def weights_sha256(model: torch.nn.Module) -> str:
+    """sha256 over the names, dtypes, shapes and bytes of a model's parameters and buffers, in name order.
+
+    >>> import torch
+    >>> a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    >>> b.load_state_dict(a.state_dict())
+    <All keys matched successfully>
+    >>> weights_sha256(a) == weights_sha256(b)
+    True
+    """
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().to("cpu").contiguous()
+        h.update(f"{name}\0{t.dtype}\0{tuple(t.shape)}\n".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def prompts_sha256(prompt_ids: Iterable[Sequence[int]]) -> str:
+    """sha256 of the evaluated prompts' token ids (template, tokenizer and questions at once).
+
+    >>> prompts_sha256([[1, 2], [3]]) == prompts_sha256([[1, 2], [3]]) != prompts_sha256([[1], [2, 3]])
+    True
+    """
+    h = hashlib.sha256()
+    for ids in prompt_ids:
+        h.update((",".join(map(str, ids)) + "\n").encode())
+    return h.hexdigest()
+
+
+def retriever_health(url: str, timeout_s: float = 10.0) -> dict[str, Any]:
+    """The retriever's description from ``GET {url}/health`` (the ``HEALTH_KEYS`` it reports).
+
+    Raises:
+        ValueError: the retriever did not answer 200 with a JSON object (so the result cannot be pinned).
+    """
+    try:
+        resp = httpx.get(f"{url.rstrip('/')}/health", timeout=timeout_s, trust_env=False)
+        body = resp.json()
+    except (httpx.HTTPError, ValueError) as e:
+        raise ValueError(f"retriever {url}/health gave no description to pin the evaluation on: {e}") from e
+    if resp.status_code != 200 or not isinstance(body, dict):
+        raise ValueError(f"retriever {url}/health answered {resp.status_code} {resp.text[:200]}: not ready")
+    return {k: body[k] for k in HEALTH_KEYS if body.get(k) is not None}
+
+
+def package_versions() -> dict[str, str]:
+    """Versions of python and the ``PACKAGES`` that are installed."""
+    versions = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def dataset_hashes(files: Sequence[str]) -> dict[str, str]:
+    """``{file name: sha256}`` of the dataset files (names only: the same file at another path is the same data);
+    relative paths are resolved as ``main_eval`` reads them."""
+    return {Path(f).name: file_sha256(resolve_data_path(f)) for f in files}
+
+
+def build_fingerprint(
+    cfg: EvalConfig,
+    *,
+    weights: str,
+    prompts: str,
+    data_files: Sequence[str],
+    retriever: Mapping[str, Any] | None,
+    template_file: Path | None = None,
+) -> Fingerprint:
+    """The fingerprint of one evaluation (sections in the module docstring).
+
+    Args:
+        cfg: the evaluation's config.
+        weights: ``weights_sha256`` of the loaded model.
+        prompts: ``prompts_sha256`` of the evaluated prompts.
+        data_files: the resolved dataset files.
+        retriever: the backend's description (``retriever_health`` or a backend's own fingerprint), None when the
+            evaluation does not search; ``topk`` is added here.
+        template_file: the baseline's template file, if it has one.
+    """
+    r = cfg.rollout
+    sampled = cfg.n_samples > 1
+    budgets: dict[str, Any] = {
+        "max_turns": cfg.max_turns if cfg.do_search else 0,
+        "max_prompt_tokens": r.max_prompt_tokens,
+        "max_turn_tokens": r.max_turn_tokens,
+        "max_obs_tokens": r.max_obs_tokens,
+        "max_response_tokens": r.max_response_tokens,
+        "n_samples": cfg.n_samples,
+        "decoding": f"sampled t={r.temperature} top_p={r.top_p} top_k={r.top_k} seed={r.seed or 0}"
+        if sampled
+        else "greedy",
+    }
+    template: dict[str, Any] = {"baseline": cfg.baseline, "prompts_sha256": prompts}
+    if template_file is not None:
+        template["file_sha256"] = file_sha256(template_file)
+    if cfg.baseline == "naive_rag":
+        template["rag_topk"] = cfg.rag_topk
+    fp: Fingerprint = {
+        "model": {"weights_sha256": weights, "path": cfg.model.path, "dtype": cfg.model.dtype},
+        "template": template,
+        "budgets": budgets,
+        "retriever": {"backend": "none"} if retriever is None else {**retriever, "topk": cfg.retriever.topk},
+        "data": {
+            "files": dataset_hashes(data_files),
+            "max_samples": cfg.data.max_samples,
+            "seed": cfg.data.seed,
+        },
+        "reward": asdict(cfg.reward),
+        "packages": package_versions(),
+    }
+    return fp
+
+
+def flatten(fp: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Dotted keys of a nested fingerprint.
+
+    >>> flatten({"retriever": {"topk": 3, "method": "bm25"}, "data": {"files": {"a.parquet": "ab"}}})
+    {'retriever.topk': 3, 'retriever.method': 'bm25', 'data.files.a.parquet': 'ab'}
+    """
+    out: dict[str, Any] = {}
+    for key, value in fp.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def describe_retriever(cfg: EvalConfig, retriever: object | None) -> dict[str, Any] | None:
+    """What the evaluation searched: the backend's own ``fingerprint()`` dict when it has one (probe retrievers, the
+    search backends), else the HTTP retriever's ``GET /health`` (``unpinned`` with the reason when it gives none);
+    None when ``retriever`` is None (no search)."""
+    if retriever is None:
+        return None
+    own = getattr(retriever, "fingerprint", None)
+    backend = getattr(cfg.retriever, "backend", "http")
+    try:
+        if callable(own):
+            return dict(own())
+        return {"backend": backend, **retriever_health(cfg.retriever.urls[0])}
+    except (ValueError, RuntimeError) as e:  # the rollouts are done: keep them, leave the gap visible in the result
+        logger.warning("the result is not pinned to a retriever: %s", e)
+        return {"backend": backend, "unpinned": str(e)}
+
+
+def pin(
+    cfg: EvalConfig, model: torch.nn.Module, prompt_ids: Iterable[Sequence[int]], retriever: object | None
+) -> Fingerprint:
+    """``build_fingerprint`` of a ``main_eval`` run: its loaded model, its prompts and the retriever it used."""
+    from search_rl.templates import TEMPLATE_DIR
+
+    template = TEMPLATE_DIR / f"{cfg.baseline}.txt" if cfg.baseline != "search" else None
+    return build_fingerprint(
+        cfg,
+        weights=weights_sha256(model),
+        prompts=prompts_sha256(prompt_ids),
+        data_files=cfg.data.files,
+        retriever=describe_retriever(cfg, retriever),
+        template_file=template if template is not None and template.is_file() else None,
+    )
