@@ -18,10 +18,6 @@ diagnostics (``search_rl.reward.search_stats``: valid-search rate, duplicate que
 split into no answer / no search / retrieval missed / read wrong, EM by number of searches, answer length). ``python -m
 search_rl.tools.diagnose --eval <run>/metrics.json`` prints them as a table.
 
-``metrics.json`` also holds tokens per question (``eval/<source>/model_tokens``, ``response_tokens``), the share of
-answers copied from a passage shown (``answer_copy_rate``) and the run's ``fingerprint`` (``search_rl.evaluation``:
-weights, template, budgets, retriever, data files, packages), which ``compare_evals`` checks (docs/evaluation.md).
-
 With ``n_samples=k > 1`` every question is rolled out ``k`` times at ``actor_rollout_ref.rollout.temperature`` (top-p,
 top-k likewise; seed ``actor_rollout_ref.rollout.seed``, 0 when unset): the EM, F1 and diagnostics are means over
 all ``k`` samples, ``eval/<source>/pass@<k>`` is the share of questions with at least one exactly right, and the
@@ -46,15 +42,15 @@ from search_rl.config import CONFIG_DIR, ConfigError, EvalConfig, exit_on_rename
 from search_rl.configure import load_config, to_config
 from search_rl.data import PromptDataset, read_rows
 from search_rl.datatypes import Trajectory
-from search_rl.evaluation.fingerprint import pin
-from search_rl.evaluation.metrics import answer_evidence_metrics
 from search_rl.models import dtype_of, load_model, load_tokenizer
 from search_rl.protocol import PromptBatch
 from search_rl.reward.scoring import answer_metrics, pass_at_k_metrics, score_trajectories
+from search_rl.rollout.backends import build_retriever, meter_metrics, meter_of, write_backend_manifest
+from search_rl.rollout.backends.web import SearchBudgetExhausted
 from search_rl.rollout.engines.factory import build_standalone_engine
-from search_rl.rollout.generation_manager import LLMGenerationManager, Retriever
+from search_rl.rollout.generation_manager import LLMGenerationManager
 from search_rl.rollout.prompts import encode_prompt
-from search_rl.rollout.retriever_client import RetrieverClient, RetrieverError
+from search_rl.rollout.retriever_client import RetrieverError
 from search_rl.templates import load_template, render_prompt
 from search_rl.tracking.rollout_dump import write_records
 
@@ -92,33 +88,32 @@ def baseline_prompts(cfg: EvalConfig, dataset: PromptDataset, indices: list[int]
     if cfg.baseline == "no_search":
         texts = [render_prompt(template, q) for q in batch.questions]
     else:
-        client = RetrieverClient(cfg.retriever)
-        hits = asyncio.run(client.search(list(batch.questions), cfg.rag_topk))
+        hits = asyncio.run(build_retriever(cfg.retriever).search(list(batch.questions), cfg.rag_topk))
         texts = [render_prompt(template, q, passages) for q, passages in zip(batch.questions, hits, strict=True)]
     ids = tuple(tuple(encode_prompt(tokenizer, _messages(t))) for t in texts)
     return batch.replace(prompt_ids=ids)
 
 
-def evaluate(cfg: EvalConfig, retriever: Retriever | None = None) -> EvalResult:
+def evaluate(cfg: EvalConfig) -> EvalResult:
     """Roll out every selected row (greedily, or ``n_samples`` times), score it, write the files; see the module
-    docstring. ``retriever`` replaces the configured one in the search loop (the grounding probes,
-    ``search_rl.evaluation.probes``); ``metrics.json`` carries the run's fingerprint (``evaluation.fingerprint``)."""
+    docstring."""
     search = cfg.baseline == "search" and cfg.do_search and cfg.max_turns > 0
     k, greedy = cfg.n_samples, cfg.n_samples == 1
     seed = 0 if cfg.rollout.seed is None else cfg.rollout.seed
     rollout = replace(cfg.rollout, do_search=search, max_turns=cfg.max_turns if search else 0, greedy=greedy)
     if search or cfg.baseline == "naive_rag":
-        RetrieverClient(cfg.retriever).check_reachable()
+        build_retriever(cfg.retriever).check_reachable()
     tokenizer = load_tokenizer(cfg.model.path)
     dataset = PromptDataset(read_rows(cfg.data.files), tokenizer, 10**9, drop_overlong=False)
     questions = baseline_prompts(cfg, dataset, dataset.subset_indices(cfg.data.max_samples, cfg.data.seed), tokenizer)
     prompts = questions.repeat_interleave(k)  # a question's samples adjacent: its prompt is encoded once
     model = load_model(cfg.model.path, dtype=dtype_of(cfg.model.dtype), seed=cfg.model.seed)
     engine = build_standalone_engine(cfg.rollout, tokenizer, cfg.model, policy=model)
-    searching = search or cfg.baseline == "naive_rag"
-    searcher = retriever or (RetrieverClient(cfg.retriever) if searching else None)
-    manager = LLMGenerationManager(engine, tokenizer, searcher if search else None, rollout)
+    searcher = build_retriever(cfg.retriever) if search else None
+    manager = LLMGenerationManager(engine, tokenizer, searcher, rollout)
     trajectories: list[Trajectory] = []
+    meter = meter_of(searcher)
+    before = meter.totals() if meter is not None else (0, 0.0, 0)
     start = time.perf_counter()
     for n, part in enumerate(prompts.split_by_size(cfg.batch_size * k)):
         ids = [list(p) for p in part.prompt_ids]
@@ -126,18 +121,18 @@ def evaluate(cfg: EvalConfig, retriever: Retriever | None = None) -> EvalResult:
         logger.info("rolled out %d/%d (%.0fs)", len(trajectories), len(prompts), time.perf_counter() - start)
     results = score_trajectories(trajectories, prompts, cfg.reward, rollout.max_response_tokens)
     metrics = answer_metrics(trajectories, results, prompts.data_sources, "eval", prompts.targets)
-    metrics.update(answer_evidence_metrics(trajectories, prompts.data_sources, "eval"))
-    fingerprint = pin(cfg, model, questions.prompt_ids, searcher if search or cfg.baseline == "naive_rag" else None)
+    if search and (meter := meter_of(searcher)) is not None:  # the search cost meter: calls, USD, replayed
+        spent = meter_metrics(before, meter.totals(), len(trajectories))
+        metrics.update({k.replace("rollout/", "eval/all/"): v for k, v in spent.items()})
     if not greedy:
         metrics.update(pass_at_k_metrics(prompts.uids, results, prompts.data_sources, "eval"))
     out = Path(cfg.output_dir) / f"{cfg.baseline}-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     write_records(out / "trajectories.jsonl", prompts, trajectories, results, tokenizer, step=0, kind="eval")
+    if search:
+        write_backend_manifest(out / "retrieval.json", cfg.retriever, searcher)
     (out / "metrics.json").write_text(
-        json.dumps(
-            {"model": cfg.model.path, "baseline": cfg.baseline, "n_samples": k, **metrics, "fingerprint": fingerprint},
-            indent=1,
-        )
+        json.dumps({"model": cfg.model.path, "baseline": cfg.baseline, "n_samples": k, **metrics}, indent=1)
     )
     for key, value in sorted(metrics.items()):
         logger.info("%s = %.4f", key, value)
@@ -154,7 +149,7 @@ def main(composed: DictConfig) -> None:
     try:
         cfg = to_config(composed)
         result = evaluate(cfg)
-    except (ConfigError, RetrieverError, FileNotFoundError) as e:
+    except (ConfigError, RetrieverError, FileNotFoundError, SearchBudgetExhausted) as e:
         logger.error("cannot evaluate: %s", e)
         sys.exit(2)
     logger.info("trajectories and metrics in %s", result.output_dir)

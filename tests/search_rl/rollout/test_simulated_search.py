@@ -101,7 +101,8 @@ class SearchFirst:
     def __call__(self, prompts, generated, logits):
         logits = logits.clone()
         for row, (prompt, gen) in enumerate(zip(prompts, generated, strict=True)):
-            if "<information>" not in self.tokenizer.decode(list(prompt)[-400:]) and len(gen) < len(self.ids):
+            later_turn = "<information>" in self.tokenizer.decode(list(prompt)[-400:]).split("Question: ")[-1]
+            if not later_turn and len(gen) < len(self.ids):
                 logits[row, self.ids[len(gen)]] += self.BIAS
         return logits
 
