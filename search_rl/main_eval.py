@@ -18,6 +18,10 @@ diagnostics (``search_rl.reward.search_stats``: valid-search rate, duplicate que
 split into no answer / no search / retrieval missed / read wrong, EM by number of searches, answer length). ``python -m
 search_rl.tools.diagnose --eval <run>/metrics.json`` prints them as a table.
 
+``metrics.json`` also holds tokens per question (``eval/<source>/model_tokens``, ``response_tokens``), the share of
+answers copied from a passage shown (``answer_copy_rate``) and the run's ``fingerprint`` (``search_rl.evaluation``:
+weights, template, budgets, retriever, data files, packages), which ``compare_evals`` checks (docs/evaluation.md).
+
 With ``n_samples=k > 1`` every question is rolled out ``k`` times at ``actor_rollout_ref.rollout.temperature`` (top-p,
 top-k likewise; seed ``actor_rollout_ref.rollout.seed``, 0 when unset): the EM, F1 and diagnostics are means over
 all ``k`` samples, ``eval/<source>/pass@<k>`` is the share of questions with at least one exactly right, and the
@@ -42,13 +46,15 @@ from search_rl.config import CONFIG_DIR, ConfigError, EvalConfig, exit_on_rename
 from search_rl.configure import load_config, to_config
 from search_rl.data import PromptDataset, read_rows
 from search_rl.datatypes import Trajectory
+from search_rl.evaluation.fingerprint import pin
+from search_rl.evaluation.metrics import answer_evidence_metrics
 from search_rl.models import dtype_of, load_model, load_tokenizer
 from search_rl.protocol import PromptBatch
 from search_rl.reward.scoring import answer_metrics, pass_at_k_metrics, score_trajectories
 from search_rl.rollout.backends import build_retriever, meter_metrics, meter_of, write_backend_manifest
 from search_rl.rollout.backends.web import SearchBudgetExhausted
 from search_rl.rollout.engines.factory import build_standalone_engine
-from search_rl.rollout.generation_manager import LLMGenerationManager
+from search_rl.rollout.generation_manager import LLMGenerationManager, Retriever
 from search_rl.rollout.prompts import encode_prompt
 from search_rl.rollout.retriever_client import RetrieverError
 from search_rl.templates import load_template, render_prompt
@@ -94,9 +100,10 @@ def baseline_prompts(cfg: EvalConfig, dataset: PromptDataset, indices: list[int]
     return batch.replace(prompt_ids=ids)
 
 
-def evaluate(cfg: EvalConfig) -> EvalResult:
+def evaluate(cfg: EvalConfig, retriever: Retriever | None = None) -> EvalResult:
     """Roll out every selected row (greedily, or ``n_samples`` times), score it, write the files; see the module
-    docstring."""
+    docstring. ``retriever`` replaces the configured one in the search loop (the grounding probes,
+    ``search_rl.evaluation.probes``); ``metrics.json`` carries the run's fingerprint (``evaluation.fingerprint``)."""
     search = cfg.baseline == "search" and cfg.do_search and cfg.max_turns > 0
     k, greedy = cfg.n_samples, cfg.n_samples == 1
     seed = 0 if cfg.rollout.seed is None else cfg.rollout.seed
@@ -109,8 +116,9 @@ def evaluate(cfg: EvalConfig) -> EvalResult:
     prompts = questions.repeat_interleave(k)  # a question's samples adjacent: its prompt is encoded once
     model = load_model(cfg.model.path, dtype=dtype_of(cfg.model.dtype), seed=cfg.model.seed)
     engine = build_standalone_engine(cfg.rollout, tokenizer, cfg.model, policy=model)
-    searcher = build_retriever(cfg.retriever) if search else None
-    manager = LLMGenerationManager(engine, tokenizer, searcher, rollout)
+    searching = search or cfg.baseline == "naive_rag"
+    searcher = retriever or (build_retriever(cfg.retriever) if searching else None)
+    manager = LLMGenerationManager(engine, tokenizer, searcher if search else None, rollout)
     trajectories: list[Trajectory] = []
     meter = meter_of(searcher)
     before = meter.totals() if meter is not None else (0, 0.0, 0)
@@ -121,9 +129,11 @@ def evaluate(cfg: EvalConfig) -> EvalResult:
         logger.info("rolled out %d/%d (%.0fs)", len(trajectories), len(prompts), time.perf_counter() - start)
     results = score_trajectories(trajectories, prompts, cfg.reward, rollout.max_response_tokens)
     metrics = answer_metrics(trajectories, results, prompts.data_sources, "eval", prompts.targets)
+    metrics.update(answer_evidence_metrics(trajectories, prompts.data_sources, "eval"))
     if search and (meter := meter_of(searcher)) is not None:  # the search cost meter: calls, USD, replayed
         spent = meter_metrics(before, meter.totals(), len(trajectories))
         metrics.update({k.replace("rollout/", "eval/all/"): v for k, v in spent.items()})
+    fingerprint = pin(cfg, model, questions.prompt_ids, searcher if search or cfg.baseline == "naive_rag" else None)
     if not greedy:
         metrics.update(pass_at_k_metrics(prompts.uids, results, prompts.data_sources, "eval"))
     out = Path(cfg.output_dir) / f"{cfg.baseline}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -132,7 +142,10 @@ def evaluate(cfg: EvalConfig) -> EvalResult:
     if search:
         write_backend_manifest(out / "retrieval.json", cfg.retriever, searcher)
     (out / "metrics.json").write_text(
-        json.dumps({"model": cfg.model.path, "baseline": cfg.baseline, "n_samples": k, **metrics}, indent=1)
+        json.dumps(
+            {"model": cfg.model.path, "baseline": cfg.baseline, "n_samples": k, **metrics, "fingerprint": fingerprint},
+            indent=1,
+        )
     )
     for key, value in sorted(metrics.items()):
         logger.info("%s = %.4f", key, value)
