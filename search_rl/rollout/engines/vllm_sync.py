@@ -105,8 +105,8 @@ class TransferSender:
     """The trainer side of vLLM's weight-transfer API for one engine (GPU; ``ipc`` or ``nccl``).
 
     Args:
-        llm: the ``vllm.LLM``, built with ``weight_transfer_config`` of the same backend (it is the control-plane
-            client: ``init_weight_transfer_engine``, ``start_weight_update``, ``update_weights``,
+        llm: the ``vllm.LLM``, built with ``weight_transfer_config`` of the same backend; ``OfflineClient`` makes it
+            the control-plane client (``init_weight_transfer_engine``, ``start_weight_update``, ``update_weights``,
             ``finish_weight_update``).
         backend: ``ipc`` or ``nccl``.
         n_workers: the engine's workers (``tensor_parallel_size``), the NCCL group's other members.
@@ -141,7 +141,28 @@ class TransferSender:
 
             port = _free_port()
             info = NCCLTrainerInitInfo("127.0.0.1", port, 1 + self.n_workers, rank=0)
-        self._engine = WeightTransferTrainerFactory.trainer_init(info, client=self.llm, source=self._source)
+        client = OfflineClient(self.llm)
+        self._engine = WeightTransferTrainerFactory.trainer_init(info, client=client, source=self._source)
+
+
+class OfflineClient:
+    """vLLM's ``VLLMWeightSyncClient`` protocol over an in-process ``vllm.LLM``: the trainer engines pass the bare
+    init/update payloads, while ``LLM`` takes them wrapped as ``{"init_info": ...}`` / ``{"update_info": ...}``."""
+
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self.llm.init_weight_transfer_engine({"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self.llm.start_weight_update()
+
+    def update_weights(self, update_info: Any) -> None:
+        self.llm.update_weights({"update_info": update_info})
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self.llm.finish_weight_update(weight_version)
 
 
 def _state_source(first: Mapping[str, torch.Tensor]) -> Any:
