@@ -10,11 +10,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
@@ -26,8 +30,9 @@ from search_rl.rollout.backends import build_retriever
 from search_rl.rollout.backends.web import SearchBudgetExhausted, WebBackend
 from search_rl.rollout.retriever_client import RetrieverError
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
+REPO = Path(__file__).resolve().parents[3]
 KEY = "sk-test-7d1c55e0a9"
 SERPER_OK = {
     "searchParameters": {"q": "eiffel tower height", "gl": "us", "hl": "en", "type": "search", "num": 2},
@@ -239,3 +244,20 @@ def test_a_spent_budget_stops_the_run_and_keeps_every_paid_answer(provider, tmp_
     resumed = build_retriever(cfg(1))
     assert len(run(resumed, ["q1", "q2", "q3"])) == 3
     assert len(provider.requests) == 3 and resumed.meter.totals() == (1, pytest.approx(0.001), 2)
+
+
+@pytest.mark.slow
+def test_main_eval_stops_with_one_line_when_the_budget_is_spent(provider, tmp_path):
+    provider.script["/serper"] = [Reply(body=SERPER_OK)]
+    cmd = [
+        sys.executable, "-m", "search_rl.main_eval", "model=tiny", "data.max_samples=2",
+        "retriever.backend=web", f"retriever.web.endpoint={provider.url}/serper", "retriever.web.max_calls=0",
+        "retriever.recording.mode=cache", f"retriever.recording.path={tmp_path / 'web.sqlite'}",
+        f"output_dir={tmp_path}",
+    ]  # fmt: skip
+    env = {**os.environ, "SERPER_API_KEY": KEY, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out[-2000:]
+    assert "cannot evaluate: web search budget spent: 0 calls" in out and "Traceback" not in out
+    assert KEY not in out and not provider.requests  # nothing was sent, nothing was paid
