@@ -193,6 +193,18 @@ def test_malformed_answers_are_retriever_errors(provider, reply):
     assert backend.meter.calls == 0  # an unusable answer is not counted as a paid call
 
 
+@pytest.mark.parametrize(
+    "reply",
+    [Reply(raw="{truncated"), Reply(body={"web": [1]}), Reply(body={"web": {"results": "none"}}),
+     Reply(body={"web": {"results": [{"title": "no url"}]}}), Reply(502, raw="Bad Gateway")],
+    ids=["not-json", "web-not-an-object", "results-not-a-list", "result-without-url", "502-until-the-window-ends"],
+)  # fmt: skip
+def test_brave_failures_are_retriever_errors(provider, reply):
+    provider.script["/brave"] = [reply]
+    with pytest.raises(RetrieverError, match="malformed answer|retry_window_s"):
+        run(web(provider, "brave", retry_window_s=0.5), ["q"])
+
+
 def test_empty_results_are_empty_passage_lists(provider):
     provider.script["/serper"] = [Reply(body={"searchParameters": {"q": "zzqx"}, "organic": []})]
     assert run(web(provider), ["zzqx"]) == [[]]
