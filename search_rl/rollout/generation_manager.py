@@ -250,7 +250,8 @@ class LLMGenerationManager:
             else:
                 obs = self.obs.passages(results[i], room)
             passages = obs.passages if obs else ()
-            s.calls.append(SearchCall(query, passages, failed=results is None, retrieval_key=keys[i]))
+            key = keys[i] if results is not None else None  # a failed search has no entry
+            s.calls.append(SearchCall(query, passages, failed=results is None, retrieval_key=key))
             self._insert(s, obs)
 
     def _insert(self, s: _Sample, obs: Observation | None) -> None:

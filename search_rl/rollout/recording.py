@@ -279,12 +279,13 @@ class RecordingRetriever:
         return CostMeter(inner.calls, inner.cost_usd, self.hits) if inner is not None else CostMeter(replayed=self.hits)
 
     def check_reachable(self) -> None:
-        """The live backend's check; replay only: the file holds answers of this fingerprint.
+        """The live backend's check when it may be asked; else (replay, misses are errors) the file must hold answers
+        of this fingerprint.
 
         Raises:
             RecordingMiss: a replay-only recording without an entry of the fingerprint.
         """
-        if self.inner is not None and self.mode != "replay":
+        if self.inner is not None and (self.mode != "replay" or self.on_miss == "live"):
             check = getattr(self.inner, "check_reachable", None)
             if check is not None:
                 check()
