@@ -18,6 +18,9 @@ Formats (``--format`` names), each with the files of ``shared/data/raw`` it read
 - ``musique``: ``id``, ``question``, ``answer``, ``answer_aliases``. HippoRAG ``musique_train.json``, MuSiQue.
 - ``r1searcher``: ``idx``, ``question``, ``answer: str``. R1-Searcher ``stage_*.jsonl`` and eval ``*_500.jsonl``,
   ``bamboogle.jsonl``.
+- ``triviaqa``: HF ``question``, ``question_id``, ``answer: {value, aliases}``, or the official JSON's ``{"Data":
+  [{"Question", "QuestionId", "Answer": {"Value", "Aliases"}}]}``; ``popqa``: ``id``, ``question``,
+  ``possible_answers`` (a list or a JSON-encoded one). Neither is in the snapshot (``data_prep/row_shapes.py``).
 - ``searchr1_parquet``: ``question``, ``reward_model.ground_truth.target`` (or ``golden_answers``), ``id``.
   Search-R1's ``*.parquet`` and the files ``qa_to_parquet`` writes.
 
@@ -35,6 +38,7 @@ from typing import IO, Any
 
 import pyarrow.parquet as pq
 
+from data_prep.row_shapes import popqa_row, triviaqa_row
 from retriever_server.corpus import open_text
 
 # Reasons an input record is rejected; ``qa_to_parquet`` adds ``duplicate_id``.
@@ -182,6 +186,14 @@ def parse_r1searcher(row: Mapping[str, Any], where: Location) -> Item:
     return _record(row, where, "question", "answer", str)
 
 
+def parse_triviaqa(row: Mapping[str, Any], where: Location) -> Item:
+    return parse_flashrag(triviaqa_row(row), where)
+
+
+def parse_popqa(row: Mapping[str, Any], where: Location) -> Item:
+    return parse_flashrag(popqa_row(row), where)
+
+
 def parse_ircot(row: Mapping[str, Any], where: Location) -> Item:
     objects = row.get("answers_objects")
     if not isinstance(objects, list) or not objects:
@@ -237,6 +249,8 @@ PARSERS: dict[str, Parser] = {
     "ircot": parse_ircot,
     "musique": parse_musique,
     "r1searcher": parse_r1searcher,
+    "triviaqa": parse_triviaqa,
+    "popqa": parse_popqa,
     "searchr1_parquet": parse_searchr1,
 }
 FORMAT_NAMES = tuple(PARSERS)
@@ -290,6 +304,8 @@ def _decode_json(path: Path) -> Iterator[Decoded]:
                 yield from _decode_jsonl(path, f)
                 return
             raise FormatError(f"{path}:{e.lineno}: not valid JSON ({e.msg}); the whole file is unreadable") from e
+    if isinstance(data, dict) and isinstance(data.get("Data"), list):
+        data = data["Data"]  # the official TriviaQA files wrap their records
     if isinstance(data, dict):
         keys = sorted(data)[:5]
         raise FormatError(
@@ -336,11 +352,14 @@ def detect_format(path: Path, keys: set[str], sample: Mapping[str, Any]) -> str:
     Raises:
         FormatError: no format matches; the message lists the keys seen and how to name the format.
     """
-    if _container(path) == "parquet":
-        if "question" in keys and ({"reward_model", "golden_answers"} & keys):
-            return "searchr1_parquet"
-    elif {"question_id", "question_text", "answers_objects"} <= keys:
+    if _container(path) == "parquet" and "question" in keys and ({"reward_model", "golden_answers"} & keys):
+        return "searchr1_parquet"
+    if {"question_id", "question_text", "answers_objects"} <= keys:
         return "ircot"
+    elif {"question", "possible_answers"} <= keys:
+        return "popqa"
+    elif {"Question", "Answer"} <= keys or ("question" in keys and isinstance(sample.get("answer"), Mapping)):
+        return "triviaqa"
     elif {"question", "answer", "answer_aliases"} <= keys:
         return "musique"
     elif {"question", "golden_answers"} <= keys:
