@@ -199,12 +199,13 @@ class RecordingStore:
 
     def entries(self, fingerprint: str | None = None, contains: str | None = None, limit: int = 50) -> Iterator[Entry]:
         """Stored entries, newest first, optionally of one fingerprint and with ``contains`` in the query."""
-        sql, args = "SELECT * FROM retrievals WHERE 1=1", list[Any]()
+        sql, args = "SELECT * FROM retrievals WHERE 1=1", list[str | int]()
         if fingerprint:
             sql, args = sql + " AND fingerprint = ?", [*args, fingerprint]
         if contains:
             sql, args = sql + " AND instr(lower(query), lower(?)) > 0", [*args, contains]
-        for row in self._conn().execute(sql + " ORDER BY created_at DESC LIMIT ?", [*args, limit]):
+        args.append(limit)
+        for row in self._conn().execute(sql + " ORDER BY created_at DESC LIMIT ?", args):
             yield _entry(row)
 
     def merge_from(self, other: str | Path) -> int:
