@@ -6,6 +6,7 @@ Run: python -m pytest tests/search_rl/rollout/test_recording.py -q
 from __future__ import annotations
 
 import asyncio
+import json
 import multiprocessing
 import sqlite3
 from collections.abc import Sequence
@@ -167,5 +168,8 @@ def test_cli_lists_shows_and_merges(tmp_path, capsys):
     assert {a.fp.id, b.fp.id} <= set(capsys.readouterr().out.split())
     merged = RecordingStore(tmp_path / "all.sqlite")
     assert len(list(merged.entries())) == 2 and merged.get_many([key])[key].passages[0].id == "capital of France-1-0"
+    assert recordings.main(["entries", str(tmp_path / "all.sqlite"), "--query", "FRANCE", "--json"]) == 0
+    [row] = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert row["key"] == key and row["fingerprint"] == a.fp.id and len(row["passages"]) == 3
     assert recordings.main(["show", str(tmp_path / "a.sqlite"), "ffff"]) == 2
     assert recordings.main(["list", str(tmp_path / "missing.sqlite")]) == 2
