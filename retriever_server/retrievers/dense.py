@@ -82,6 +82,25 @@ def build_faiss_index(embeddings: np.ndarray, factory: str, seed: int = 0) -> fa
     return index
 
 
+def read_faiss_index(path: Path, mmap: bool = True, rows: int | None = None) -> faiss.Index:
+    """Read a FAISS index file; with ``mmap`` its codes, inverted lists and graph stay in the file's pages (shared
+    by every process that maps it) instead of being copied onto the heap.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        ValueError: ``rows`` is given and the index holds another number of vectors (vector i must be row i).
+    """
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"FAISS index not found: {path} (RETRIEVER_PREBUILT_INDEX or the index cache)")
+    index = faiss.read_index(str(path), faiss.IO_FLAG_MMAP_IFC if mmap else 0)
+    if rows is not None and index.ntotal != rows:
+        raise ValueError(
+            f"{path}: the index holds {index.ntotal} vectors but the corpus has {rows} rows; vector i must be corpus "
+            "row i, so serve the corpus the index was built from (RETRIEVER_CORPUS_PATH)"
+        )
+    return index
+
+
 class FaissDenseRetriever:
     """Encodes queries and searches a FAISS index built over the corpus contents."""
 
