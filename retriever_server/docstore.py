@@ -234,3 +234,29 @@ class _HashingReader:
         """Hash what the gzip reader left unread (trailing bytes), so the hash covers the whole file."""
         while data := self.read(1 << 20):
             del data
+
+
+def slice_store(store: DocStore, start: int, stop: int, dest: Path) -> DocStore:
+    """Write rows ``start:stop`` of ``store`` as a store of their own at ``dest`` (a shard's documents); its hash is
+    derived from the parent's hash and the range."""
+    if not 0 <= start < stop <= len(store):
+        raise ValueError(f"rows {start}:{stop} are not a range of a store of {len(store)} rows")
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for name, col in (("ids", store._ids), ("contents", store._contents)):
+        lo, hi = int(col.offsets[start]), int(col.offsets[stop])
+        with open(tmp / f"{name}.bin", "wb") as f:
+            for at in range(lo, hi, 1 << 26):  # 64 MiB at a time
+                f.write(col._buf[at : min(at + (1 << 26), hi)])
+        np.save(tmp / f"{name}.idx.npy", np.asarray(col.offsets[start : stop + 1], dtype=np.int64) - lo)
+    meta = {
+        "format_version": STORE_FORMAT_VERSION,
+        "rows": stop - start,
+        "sha256": hashlib.sha256(f"{store.sha256}:{start}:{stop}".encode()).hexdigest(),
+        "source": {"slice_of": str(store.folder.resolve()), "start": start, "stop": stop},
+    }
+    (tmp / META_FILE).write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(tmp, dest)
+    return DocStore(dest)

@@ -141,6 +141,24 @@ def convert(
     return paths
 
 
+def write_store_shards(corpus_path: Path, ntotal: int, index_paths: list[Path]) -> list[Path]:
+    """Write each shard's rows of the corpus as a store beside its index (``<index stem>.store``).
+
+    Raises:
+        ValueError: the corpus row count differs from the vector count.
+    """
+    from retriever_server.corpus import load_corpus
+    from retriever_server.docstore import slice_store
+
+    corpus = load_corpus(corpus_path)
+    if len(corpus) != ntotal:
+        raise ValueError(f"{corpus_path} has {len(corpus)} rows but there are {ntotal} vectors; row i must be vector i")
+    out = []
+    for (lo, hi), path in zip(shard_bounds(ntotal, len(index_paths)), index_paths, strict=True):
+        out.append(slice_store(corpus.store, lo, hi, path.with_suffix(".store")).folder)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_mutually_exclusive_group(required=True)
@@ -150,11 +168,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="index file to write (shards get -shard<i>of<K>)")
     ap.add_argument("--train-rows", type=int, default=262_144, help="vectors sampled to train IVF/PQ/SQ")
     ap.add_argument("--shards", type=int, default=1, help="split the rows into this many index files")
+    ap.add_argument("--corpus", type=Path, help="with --shards: also write each shard's rows of this corpus as a store")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     t0 = time.perf_counter()
     source = VectorSource(args.vectors or args.flat_index)
     paths = convert(source, args.factory, args.out, args.train_rows, args.shards)
+    if args.corpus is not None:
+        write_store_shards(args.corpus, source.ntotal, paths)
     logger.info("built %d index file(s) from %d vectors in %.1fs", len(paths), source.ntotal, time.perf_counter() - t0)
     return 0
 

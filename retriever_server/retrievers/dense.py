@@ -101,6 +101,14 @@ def read_faiss_index(path: Path, mmap: bool = True, rows: int | None = None) -> 
     return index
 
 
+def set_search_params(index: faiss.Index, ef_search: int, nprobe: int) -> None:
+    """Set efSearch (HNSW) and nprobe (IVF) where the index has them; search-time knobs, not part of the file."""
+    params = faiss.ParameterSpace()
+    for name, value in (("efSearch", ef_search), ("nprobe", nprobe)):
+        with contextlib.suppress(RuntimeError):  # the parameter does not apply to this index type
+            params.set_index_parameter(index, name, value)
+
+
 class FaissDenseRetriever:
     """Encodes queries and searches a FAISS index built over the corpus contents."""
 
@@ -113,10 +121,7 @@ class FaissDenseRetriever:
             )
         self.index = index
         self.encoder = encoder
-        params = faiss.ParameterSpace()
-        for name, value in (("efSearch", ef_search), ("nprobe", nprobe)):
-            with contextlib.suppress(RuntimeError):  # the parameter does not apply to this index type
-                params.set_index_parameter(index, name, value)
+        set_search_params(index, ef_search, nprobe)
 
     def search(self, queries: list[str], topk: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-k by inner product (= cosine) for each query."""

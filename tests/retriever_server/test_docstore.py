@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from retriever_server.corpus import file_sha256, load_corpus
-from retriever_server.docstore import DocStore, convert_jsonl
+from retriever_server.docstore import DocStore, convert_jsonl, slice_store
 
 ROWS = [
     {"id": "a", "contents": '"Zürich"\nA city — 🏔️ in Switzerland.'},
@@ -75,3 +75,13 @@ def test_damaged_store_is_refused(tmp_path: Path) -> None:
         DocStore(store.folder)
     with pytest.raises(FileNotFoundError, match="not a document store"):
         DocStore(tmp_path)
+
+
+def test_a_slice_is_a_store_of_its_rows(tmp_path: Path) -> None:
+    store = convert_jsonl(write(tmp_path / "c.jsonl", ROWS), tmp_path / "store")
+    part = slice_store(store, 1, 4, tmp_path / "part")
+    assert [part.doc_id(i) for i in range(3)] == ["b", "2", "7"]
+    assert [part.contents(i) for i in range(3)] == [r["contents"] for r in ROWS[1:]]
+    assert part.sha256 != store.sha256
+    with pytest.raises(ValueError, match="rows 3:9 are not a range of a store of 4 rows"):
+        slice_store(store, 3, 9, tmp_path / "bad")
