@@ -138,8 +138,8 @@ def serve_and_measure(store: Path, index: Path, args: argparse.Namespace, log: P
         try:
             url = f"http://127.0.0.1:{port}"
             wait_until_ready(url, 1800, server)
+            ready_s = time.perf_counter() - t0  # the first worker ready
             time.sleep(5)  # the other worker finishes loading too (each answers /health on its own)
-            ready_s = time.perf_counter() - t0
             questions = load_questions(args.seed)
             need = args.clients * args.requests_per_client * 4
             res = asyncio.run(run_level(url, [questions[i % len(questions)] for i in range(need)], args.clients,
