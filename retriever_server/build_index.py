@@ -73,7 +73,9 @@ def index_path(corpus: Corpus, method: Method, settings: Settings) -> Path:
 
 def _make_encoder(settings: Settings) -> Encoder:
     q, p = settings.resolved_prefixes()
-    return Encoder(settings.encoder_model, query_prefix=q, passage_prefix=p, query_batch_size=settings.query_batch_size)
+    return Encoder(
+        settings.encoder_model, q, p, query_batch_size=settings.query_batch_size, device=settings.encoder_device
+    )
 
 
 def _encode_resumable(

@@ -50,6 +50,8 @@ class Settings(BaseSettings):
     """``dense`` (FAISS over sentence-transformers embeddings), ``bm25`` (bm25s) or ``hybrid`` (both, fused by RRF)."""
     encoder_model: str = DEFAULT_ENCODER
     """sentence-transformers model: a local folder, a hub name, or ``all-MiniLM-L6-v2`` (shipped on PyPI)."""
+    encoder_device: str = "cpu"
+    """Where the encoder runs: ``cpu``, ``cuda`` (``cuda:1``...), or ``auto`` (the GPU when there is one)."""
     query_prefix: str | None = None
     """Text put before each query when encoding; ``None`` = automatic (``query: `` for e5 models, else none)."""
     passage_prefix: str | None = None

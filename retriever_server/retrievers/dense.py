@@ -36,15 +36,25 @@ class Encoder:
     """A sentence-transformers model producing float32, L2-normalised embeddings."""
 
     def __init__(
-        self, model: str, query_prefix: str = "", passage_prefix: str = "", query_batch_size: int = 32
+        self,
+        model: str,
+        query_prefix: str = "",
+        passage_prefix: str = "",
+        query_batch_size: int = 32,
+        device: str = "cpu",
     ) -> None:
         from sentence_transformers import SentenceTransformer
+
+        if device == "auto":
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
 
         self.model_name = model
         self.query_prefix = query_prefix
         self.passage_prefix = passage_prefix
         self.query_batch_size = query_batch_size
-        self._model = SentenceTransformer(resolve_encoder_path(model), device="cpu")
+        self._model = SentenceTransformer(resolve_encoder_path(model), device=device)
         dim = self._model.get_embedding_dimension()
         if dim is None:
             raise ValueError(f"encoder {model!r} does not report an embedding dimension")
