@@ -153,3 +153,33 @@ def split_contents(contents: str) -> tuple[str, str]:
     if len(title) >= 2 and title[0] == title[-1] == '"':
         title = title[1:-1]
     return title, rest.strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m retriever_server.corpus CORPUS``: convert a corpus into its store ahead of the first start."""
+    import argparse
+    import logging
+    import time
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("corpus", type=Path, help="jsonl(.gz) of {id, contents} rows")
+    ap.add_argument("--store-dir", type=Path, default=None, help="default: the server's (RETRIEVER_DOCSTORE_DIR)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log = logging.getLogger("retriever_server.corpus")
+    t0 = time.monotonic()
+
+    def report(stage: str, done: int, total: int) -> None:
+        log.info("%s: %.1f of %.1f GB read (%.0fs)", stage, done / 1e9, total / 1e9, time.monotonic() - t0)
+
+    if args.store_dir is None:
+        from retriever_server.settings import Settings
+
+        args.store_dir = Settings().docstore_root()
+    corpus = load_corpus(args.corpus, args.store_dir, report)
+    log.info("%d rows in %s (sha256 %s)", len(corpus), corpus.store.folder, corpus.sha256)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
