@@ -45,22 +45,22 @@ WIKI18_ROWS = 21_015_324
 
 
 def generate_corpus(path: Path, n: int, seed: int) -> None:
-    """``n`` jsonl rows ``{"id": str(i), "contents": '"Title"\\nwords'}`` shaped like wiki-18's 100-word splits."""
+    """``n`` jsonl rows ``{"id": str(i), "contents": '"Title"\\ntext'}`` shaped like wiki-18's 100-word splits."""
     rng = np.random.default_rng(seed)
-    vocab = np.array([f"{'bcdfghklmnprst'[i % 14]}{i:x}{'aeiou'[i % 5] * (i % 3)}" for i in range(50_000)])
+    vocab = [f"{'bcdfghklmnprst'[i % 14]}{i:x}{'aeiou'[i % 5] * (i % 3)}" for i in range(50_000)]
     zipf = 1.0 / np.arange(1, len(vocab) + 1)
     zipf /= zipf.sum()
     with open(path, "w", encoding="utf-8") as f:
         for start in range(0, n, 10_000):
             m = min(10_000, n - start)
-            words = vocab[rng.choice(len(vocab), size=(m, 104), p=zipf)]
-            lengths = np.where(rng.random(m) < 0.9, 100, rng.integers(10, 100, m))
-            titles = rng.integers(1, 5, m)
+            words = rng.choice(len(vocab), size=(m, 104), p=zipf).tolist()
+            lengths = np.where(rng.random(m) < 0.9, 100, rng.integers(10, 100, m)).tolist()
+            titles = rng.integers(1, 5, m).tolist()
             lines = []
-            for j in range(m):
-                title = " ".join(words[j, 100 : 100 + titles[j]]).title()
-                body = " ".join(words[j, : lengths[j]])
-                lines.append(json.dumps({"id": str(start + j), "contents": f'"{title}"\n{body}'}))
+            for j in range(m):  # words are [a-z0-9], so the JSON is written without an encoder
+                title = " ".join(vocab[w] for w in words[j][100 : 100 + titles[j]]).title()
+                body = " ".join(vocab[w] for w in words[j][: lengths[j]])
+                lines.append(f'{{"id": "{start + j}", "contents": "\\"{title}\\"\\n{body}"}}')
             f.write("\n".join(lines) + "\n")
 
 
@@ -130,7 +130,9 @@ def serve_and_measure(store: Path, index: Path, args: argparse.Namespace, log: P
     env = {**os.environ, "RETRIEVER_CORPUS_PATH": str(store), "RETRIEVER_PREBUILT_INDEX": str(index),
            "RETRIEVER_IVF_NPROBE": str(args.nprobe), "RETRIEVER_HNSW_EF_SEARCH": str(args.ef_search),
            "RETRIEVER_CACHE_SIZE": "0", "RETRIEVER_INDEX_DIR": str(args.workdir / "cache"),
-           "RETRIEVER_SHOW_PROGRESS": "false"}  # fmt: skip
+           "RETRIEVER_SHOW_PROGRESS": "false",
+           # one worker per core: workers x all-core encoder threads oversubscribe the CPU
+           "RETRIEVER_TORCH_THREADS": str(max(1, (os.cpu_count() or 1) // args.workers))}  # fmt: skip
     cmd = [sys.executable, "-m", "retriever_server", "--port", str(port), "--workers", str(args.workers)]
     t0 = time.perf_counter()
     with log.open("ab") as logf:
@@ -153,7 +155,7 @@ def serve_and_measure(store: Path, index: Path, args: argparse.Namespace, log: P
 
 
 def run_one(n: int, args: argparse.Namespace) -> dict[str, object]:
-    work = args.workdir / f"n{n}-d{args.dim}"
+    work = args.workdir / f"n{n}-d{args.dim}-c{args.clusters}-s{args.noise}"
     work.mkdir(parents=True, exist_ok=True)
     corpus, vectors = work / "corpus.jsonl", work / "vectors.npy"
     gen = ClusteredVectors(args.dim, args.clusters, args.noise, args.seed)
@@ -200,7 +202,7 @@ def main() -> None:
     ap.add_argument("--ef-search", type=int, default=128)
     ap.add_argument("--train-rows", type=int, default=131_072)
     ap.add_argument("--clusters", type=int, default=2048)
-    ap.add_argument("--noise", type=float, default=1.0, help="spread around a centre (norm, the centre's is 1)")
+    ap.add_argument("--noise", type=float, default=0.5, help="spread around a centre (norm, the centre's is 1)")
     ap.add_argument("--workers", type=int, default=2, help="uvicorn workers; 0 = no server (768-d, no encoder)")
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--requests-per-client", type=int, default=8)
