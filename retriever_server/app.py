@@ -38,10 +38,11 @@ def _load_blocking(state: AppState) -> tuple[Any, Any]:
         state.progress = LoadProgress(stage=stage, done=done, total=total, elapsed_s=round(time.monotonic() - t0, 1))
 
     report("reading corpus", 0, 0)
-    corpus = load_corpus(s.corpus_path)
+    corpus = load_corpus(s.corpus_path, s.docstore_root(), progress=report)
     retriever = load_retriever(corpus, s, progress=report)
     method = Method.dense if s.method is Method.hybrid else s.method
-    state.index_path = str(index_path(corpus, method, s))
+    prebuilt = s.prebuilt_index is not None and method is Method.dense
+    state.index_path = str(s.prebuilt_index if prebuilt else index_path(corpus, method, s))
     return corpus, retriever
 
 

@@ -34,7 +34,7 @@ from tqdm import tqdm
 from retriever_server.corpus import Corpus, load_corpus
 from retriever_server.retrievers.base import Retriever
 from retriever_server.retrievers.bm25 import BM25Retriever, build_bm25
-from retriever_server.retrievers.dense import Encoder, FaissDenseRetriever, build_faiss_index
+from retriever_server.retrievers.dense import Encoder, FaissDenseRetriever, build_faiss_index, read_faiss_index
 from retriever_server.retrievers.hybrid import HybridRetriever
 from retriever_server.settings import Method, Settings
 from retriever_server.shipped_embeddings import SHIPPED_EMBEDDINGS_DIR, shipped_embeddings, write_embeddings
@@ -73,7 +73,9 @@ def index_path(corpus: Corpus, method: Method, settings: Settings) -> Path:
 
 def _make_encoder(settings: Settings) -> Encoder:
     q, p = settings.resolved_prefixes()
-    return Encoder(settings.encoder_model, query_prefix=q, passage_prefix=p, query_batch_size=settings.query_batch_size)
+    return Encoder(
+        settings.encoder_model, q, p, query_batch_size=settings.query_batch_size, device=settings.encoder_device
+    )
 
 
 def _encode_resumable(
@@ -177,7 +179,7 @@ def build_index(
             faiss.write_index(build_faiss_index(embeddings, settings.index_factory), str(tmp / "index.faiss"))
         else:
             progress("building bm25 index", 0, len(corpus))
-            build_bm25(corpus.contents, settings.bm25_k1, settings.bm25_b, settings.show_progress).save(
+            build_bm25(list(corpus.contents), settings.bm25_k1, settings.bm25_b, settings.show_progress).save(
                 str(tmp / "bm25"), show_progress=False
             )
         _write_meta(tmp, corpus, method, settings, time.perf_counter() - t0, source)
@@ -190,14 +192,14 @@ def build_index(
 
 def _load_one(corpus: Corpus, method: Method, settings: Settings, progress: ProgressFn) -> Retriever:
     if method is Method.dense:
-        import faiss
-
         progress("loading encoder", 0, 0)
         encoder = _make_encoder(settings)
-        folder = build_index(corpus, method, settings, encoder=encoder, progress=progress)
-        index = faiss.read_index(str(folder / "index.faiss"))
-        if index.ntotal != len(corpus):
-            raise ValueError(f"{folder}: index holds {index.ntotal} vectors but the corpus has {len(corpus)} rows")
+        if settings.prebuilt_index is not None:
+            path = settings.prebuilt_index
+        else:
+            path = build_index(corpus, method, settings, encoder=encoder, progress=progress) / "index.faiss"
+        progress("loading faiss index", 0, 0)
+        index = read_faiss_index(path, mmap=settings.index_mmap, rows=len(corpus))
         return FaissDenseRetriever(index, encoder, settings.hnsw_ef_search, settings.ivf_nprobe)
     folder = build_index(corpus, method, settings, progress=progress)
     return BM25Retriever.load(folder / "bm25", len(corpus))

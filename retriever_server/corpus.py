@@ -1,31 +1,84 @@
-"""The document collection a retriever serves: jsonl rows ``{"id", "contents"}`` held in memory by position."""
+"""The document collection a retriever serves, by position, read from a memory-mapped document store.
+
+A jsonl(.gz) corpus of ``{"id", "contents"}`` rows is converted into a store on first use (streamed, with
+progress) and the store is reused while the file is unchanged, so no passage lives on the Python heap and every
+worker process shares the store's pages. ``RETRIEVER_CORPUS_PATH`` may also name a store folder directly.
+"""
 
 from __future__ import annotations
 
 import gzip
 import hashlib
-import json
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, overload
+
+from filelock import FileLock
+
+from retriever_server.docstore import META_FILE, DocStore, ProgressFn, convert_jsonl
+
+
+class StoredStrings(Sequence[str]):
+    """A read-only list view of one column of a store (ids or contents); slices return lists."""
+
+    def __init__(self, get: Callable[[int], str], n: int) -> None:
+        self._get, self._n = get, n
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            return [self._get(j) for j in range(*i.indices(self._n))]
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(f"row {i} is outside a corpus of {self._n} rows")
+        return self._get(i)
+
+    def __iter__(self) -> Iterator[str]:
+        return (self._get(j) for j in range(self._n))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or len(other) != self._n:
+            return False
+        return all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)
 class Corpus:
-    """Documents in file order; retrievers return positions into these lists."""
+    """Documents in file order; retrievers return positions into them."""
 
-    ids: list[str]
-    contents: list[str]
-    sha256: str
-    """Hash of the corpus file's bytes: part of the index cache key."""
+    store: DocStore
     path: Path
+    """The file (or store folder) the corpus was opened from."""
+
+    @property
+    def sha256(self) -> str:
+        """Hash of the corpus file's bytes: part of the index cache key."""
+        return self.store.sha256
+
+    @property
+    def ids(self) -> StoredStrings:
+        return StoredStrings(self.store.doc_id, len(self.store))
+
+    @property
+    def contents(self) -> StoredStrings:
+        return StoredStrings(self.store.contents, len(self.store))
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return len(self.store)
 
     def document(self, position: int) -> dict[str, str]:
         """The Search-R1 document object for the row at ``position``."""
-        return {"id": self.ids[position], "contents": self.contents[position]}
+        return {"id": self.store.doc_id(position), "contents": self.store.contents(position)}
 
 
 def file_sha256(path: Path, chunk_bytes: int = 1 << 20) -> str:
@@ -37,39 +90,47 @@ def file_sha256(path: Path, chunk_bytes: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def load_corpus(path: Path) -> Corpus:
-    """Read a jsonl or jsonl.gz corpus.
+def default_store_root() -> Path:
+    """Where converted stores live unless told otherwise: the server's default, ``<index cache>/docstores``."""
+    from retriever_server.settings import default_cache_dir
+
+    return default_cache_dir() / "indexes" / "docstores"
+
+
+def store_key(path: Path, sample_bytes: int = 1 << 20) -> str:
+    """A quick key of a corpus file: its resolved path, size, mtime and the hash of its first and last MiB.
+
+    Cheap for a 14 GB wiki-18 file (a full sha256 is computed once, while converting, and kept in the store).
+    """
+    st = path.stat()
+    h = hashlib.sha256(f"{path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+    with open(path, "rb") as f:
+        h.update(f.read(sample_bytes))
+        if st.st_size > sample_bytes:
+            f.seek(max(sample_bytes, st.st_size - sample_bytes))
+            h.update(f.read(sample_bytes))
+    return h.hexdigest()[:16]
+
+
+def load_corpus(path: Path, store_root: Path | None = None, progress: ProgressFn | None = None) -> Corpus:
+    """Open a corpus: a store folder as is, or a jsonl(.gz) file through its store under ``store_root`` (converted
+    the first time; a file lock keeps two workers from converting it at once).
 
     Raises:
         FileNotFoundError: the file does not exist.
         ValueError: a line is not JSON, lacks ``contents`` (str), or repeats an id; the message names file and line.
     """
     path = Path(path)
+    if path.is_dir():
+        return Corpus(store=DocStore(path), path=path)
     if not path.is_file():
         raise FileNotFoundError(f"corpus file not found: {path} (set RETRIEVER_CORPUS_PATH)")
-    ids: list[str] = []
-    contents: list[str] = []
-    seen: set[str] = set()
-    with open_text(path) as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
-            text = row.get("contents") if isinstance(row, dict) else None
-            if not isinstance(text, str):
-                raise ValueError(f"{path}:{lineno}: row needs a string field 'contents'")
-            doc_id = str(row.get("id", len(ids)))
-            if doc_id in seen:
-                raise ValueError(f"{path}:{lineno}: duplicate id {doc_id!r}")
-            seen.add(doc_id)
-            ids.append(doc_id)
-            contents.append(text)
-    if not ids:
-        raise ValueError(f"{path}: corpus has no documents")
-    return Corpus(ids=ids, contents=contents, sha256=file_sha256(path), path=path)
+    root = store_root if store_root is not None else default_store_root()
+    folder = root / f"{path.name.split('.')[0]}-{store_key(path)}"
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder) + ".lock"):
+        store = DocStore(folder) if (folder / META_FILE).is_file() else convert_jsonl(path, folder, progress)
+    return Corpus(store=store, path=path)
 
 
 def open_text(path: Path) -> IO[str]:
@@ -92,3 +153,33 @@ def split_contents(contents: str) -> tuple[str, str]:
     if len(title) >= 2 and title[0] == title[-1] == '"':
         title = title[1:-1]
     return title, rest.strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m retriever_server.corpus CORPUS``: convert a corpus into its store ahead of the first start."""
+    import argparse
+    import logging
+    import time
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("corpus", type=Path, help="jsonl(.gz) of {id, contents} rows")
+    ap.add_argument("--store-dir", type=Path, default=None, help="default: the server's (RETRIEVER_DOCSTORE_DIR)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log = logging.getLogger("retriever_server.corpus")
+    t0 = time.monotonic()
+
+    def report(stage: str, done: int, total: int) -> None:
+        log.info("%s: %.1f of %.1f GB read (%.0fs)", stage, done / 1e9, total / 1e9, time.monotonic() - t0)
+
+    if args.store_dir is None:
+        from retriever_server.settings import Settings
+
+        args.store_dir = Settings().docstore_root()
+    corpus = load_corpus(args.corpus, args.store_dir, report)
+    log.info("%d rows in %s (sha256 %s)", len(corpus), corpus.store.folder, corpus.sha256)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -40,13 +40,18 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RETRIEVER_", env_file=".env", extra="ignore")
 
     corpus_path: Path = SHIPPED_CORPUS
-    """Corpus jsonl (optionally .gz), one ``{"id", "contents"}`` row per line."""
+    """Corpus jsonl (optionally .gz), one ``{"id", "contents"}`` row per line, or a converted document-store folder.
+    A jsonl is converted once into a memory-mapped store (``docstore_dir``) that every worker shares."""
+    docstore_dir: Path | None = None
+    """Where jsonl corpora are converted into memory-mapped document stores; ``None`` = ``<index_dir>/docstores``."""
     index_dir: Path = Field(default_factory=lambda: default_cache_dir() / "indexes")
     """Where built indexes are cached, one sub-folder per hash of corpus + method + encoder + index settings."""
     method: Method = Method.dense
     """``dense`` (FAISS over sentence-transformers embeddings), ``bm25`` (bm25s) or ``hybrid`` (both, fused by RRF)."""
     encoder_model: str = DEFAULT_ENCODER
     """sentence-transformers model: a local folder, a hub name, or ``all-MiniLM-L6-v2`` (shipped on PyPI)."""
+    encoder_device: str = "cpu"
+    """Where the encoder runs: ``cpu``, ``cuda`` (``cuda:1``...), or ``auto`` (the GPU when there is one)."""
     query_prefix: str | None = None
     """Text put before each query when encoding; ``None`` = automatic (``query: `` for e5 models, else none)."""
     passage_prefix: str | None = None
@@ -57,6 +62,12 @@ class Settings(BaseSettings):
     """efSearch for HNSW indexes (ignored by others)."""
     ivf_nprobe: int = Field(default=16, ge=1)
     """nprobe for IVF indexes (ignored by others)."""
+    index_mmap: bool = True
+    """Memory-map the FAISS index file (codes, inverted lists, HNSW graph) instead of reading it onto the heap, so
+    every worker process shares one copy through the page cache."""
+    prebuilt_index: Path | None = None
+    """A FAISS index file served as it is (e.g. Search-R1's ``e5_Flat.index``): vector i must be corpus row i (the
+    counts are checked), built with the configured encoder and passage prefix. Nothing is built or cached."""
     encode_batch_size: int = Field(default=128, ge=1)
     """Passages per encoder batch when building the dense index."""
     query_batch_size: int = Field(default=32, ge=1)
@@ -122,6 +133,10 @@ class Settings(BaseSettings):
         if self.default_topk > self.max_topk:
             raise ValueError(f"default_topk={self.default_topk} is above max_topk={self.max_topk}")
         return self
+
+    def docstore_root(self) -> Path:
+        """Folder of converted document stores."""
+        return self.docstore_dir if self.docstore_dir is not None else self.index_dir / "docstores"
 
     def resolved_prefixes(self) -> tuple[str, str]:
         """(query prefix, passage prefix), with the e5 convention applied when not set explicitly."""

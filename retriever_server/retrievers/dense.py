@@ -36,15 +36,25 @@ class Encoder:
     """A sentence-transformers model producing float32, L2-normalised embeddings."""
 
     def __init__(
-        self, model: str, query_prefix: str = "", passage_prefix: str = "", query_batch_size: int = 32
+        self,
+        model: str,
+        query_prefix: str = "",
+        passage_prefix: str = "",
+        query_batch_size: int = 32,
+        device: str = "cpu",
     ) -> None:
         from sentence_transformers import SentenceTransformer
+
+        if device == "auto":
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
 
         self.model_name = model
         self.query_prefix = query_prefix
         self.passage_prefix = passage_prefix
         self.query_batch_size = query_batch_size
-        self._model = SentenceTransformer(resolve_encoder_path(model), device="cpu")
+        self._model = SentenceTransformer(resolve_encoder_path(model), device=device)
         dim = self._model.get_embedding_dimension()
         if dim is None:
             raise ValueError(f"encoder {model!r} does not report an embedding dimension")
@@ -82,6 +92,33 @@ def build_faiss_index(embeddings: np.ndarray, factory: str, seed: int = 0) -> fa
     return index
 
 
+def read_faiss_index(path: Path, mmap: bool = True, rows: int | None = None) -> faiss.Index:
+    """Read a FAISS index file; with ``mmap`` its codes, inverted lists and graph stay in the file's pages (shared
+    by every process that maps it) instead of being copied onto the heap.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        ValueError: ``rows`` is given and the index holds another number of vectors (vector i must be row i).
+    """
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"FAISS index not found: {path} (RETRIEVER_PREBUILT_INDEX or the index cache)")
+    index = faiss.read_index(str(path), faiss.IO_FLAG_MMAP_IFC if mmap else 0)
+    if rows is not None and index.ntotal != rows:
+        raise ValueError(
+            f"{path}: the index holds {index.ntotal} vectors but the corpus has {rows} rows; vector i must be corpus "
+            "row i, so serve the corpus the index was built from (RETRIEVER_CORPUS_PATH)"
+        )
+    return index
+
+
+def set_search_params(index: faiss.Index, ef_search: int, nprobe: int) -> None:
+    """Set efSearch (HNSW) and nprobe (IVF) where the index has them; search-time knobs, not part of the file."""
+    params = faiss.ParameterSpace()
+    for name, value in (("efSearch", ef_search), ("nprobe", nprobe)):
+        with contextlib.suppress(RuntimeError):  # the parameter does not apply to this index type
+            params.set_index_parameter(index, name, value)
+
+
 class FaissDenseRetriever:
     """Encodes queries and searches a FAISS index built over the corpus contents."""
 
@@ -94,10 +131,7 @@ class FaissDenseRetriever:
             )
         self.index = index
         self.encoder = encoder
-        params = faiss.ParameterSpace()
-        for name, value in (("efSearch", ef_search), ("nprobe", nprobe)):
-            with contextlib.suppress(RuntimeError):  # the parameter does not apply to this index type
-                params.set_index_parameter(index, name, value)
+        set_search_params(index, ef_search, nprobe)
 
     def search(self, queries: list[str], topk: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-k by inner product (= cosine) for each query."""
