@@ -17,8 +17,10 @@ On GPU ``sleep_level`` 1/2 puts the engine to sleep after each ``generate`` (the
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,6 +36,15 @@ logger = logging.getLogger(__name__)
 
 CPU_KV_CACHE_GIB = 2.0
 """KV cache of a CPU engine when ``kv_cache_gib`` is unset (SmolLM2-135M in float32: ~46k tokens, 45 KiB each)."""
+
+
+def saved_dtype(model: str) -> str:
+    """The dtype a model folder's ``config.json`` records (``dtype``, or the older ``torch_dtype``), else ``auto``."""
+    try:
+        config = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return "auto"
+    return str(config.get("dtype") or config.get("torch_dtype") or "auto")
 
 
 def _import_vllm() -> Any:
@@ -81,6 +92,8 @@ class VLLMEngine:
         kv_gib = cfg.kv_cache_gib if cfg.kv_cache_gib is not None else (None if cuda else CPU_KV_CACHE_GIB)
         if kv_gib is not None:
             llm_kwargs["kv_cache_memory_bytes"] = int(kv_gib * 2**30)
+        # vLLM's "auto" runs a float32 folder in bfloat16 on CPU; the folder's own dtype is the trainer's compute dtype
+        llm_kwargs.setdefault("dtype", saved_dtype(model))
         if self.sync in ("ipc", "nccl"):
             from vllm.config import WeightTransferConfig
 
