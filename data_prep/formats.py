@@ -6,7 +6,7 @@ record could not be used, and where). Readers never raise on a bad record: the c
 bad record is an error or a counted skip (``qa_to_parquet --skip-invalid``), so nothing is dropped
 silently. Normalisation of the question text is not done here; see :mod:`data_prep.rows`.
 
-Formats (``--format`` names), each with the files of ``shared/data/raw`` it reads:
+Formats (``--format`` names), each with the raw files it reads:
 
 - ``flashrag``: ``id``, ``question``, ``golden_answers: [str]``. FlashRAG ``test.jsonl``.
 - ``nq_open``: ``question``, ``answer: [str]``. Google ``NQ-open.*.jsonl``.
@@ -30,72 +30,38 @@ Containers: ``.jsonl`` (one object a line), ``.json`` (a JSON array of objects, 
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-import pyarrow.parquet as pq
-
+from data_prep.containers import container_kind, decode
+from data_prep.records import (
+    NO_ANSWER,
+    NO_QUESTION,
+    UNREADABLE,
+    FormatError,
+    InvalidRecord,
+    Item,
+    Location,
+    Parser,
+    QARecord,
+)
 from data_prep.row_shapes import popqa_row, triviaqa_row
-from retriever_server.corpus import open_text
 
-# Reasons an input record is rejected; ``qa_to_parquet`` adds ``duplicate_id``.
-UNREADABLE = "unreadable"
-NO_QUESTION = "no_question"
-NO_ANSWER = "no_answer"
-
-
-@dataclass(frozen=True)
-class Location:
-    """Where a record was read: a line of a JSON-lines file, a record of a JSON array, or a parquet row."""
-
-    path: Path
-    line: int | None = None
-    """1-based line number (JSON lines)."""
-    record: int | None = None
-    """1-based position in a JSON array or parquet file (when there are no meaningful line numbers)."""
-
-    def __str__(self) -> str:
-        if self.line is not None:
-            return f"{self.path}:{self.line}"
-        if self.record is not None:
-            return f"{self.path} (record {self.record})"
-        return str(self.path)
-
-
-@dataclass(frozen=True)
-class QARecord:
-    """One usable question as read from a file (question text not yet normalised)."""
-
-    question: str
-    answers: tuple[str, ...]
-    """Gold answers, stripped, empty strings and exact duplicates removed, order kept."""
-    native_id: str | None
-    """The dataset's own id for this question when the format has one (HotpotQA ``_id``...), else None."""
-    where: Location
-
-
-@dataclass(frozen=True)
-class InvalidRecord:
-    """A record that cannot be used, with the reason (one of the module constants) and a readable detail."""
-
-    reason: str
-    detail: str
-    where: Location
-
-    def message(self) -> str:
-        return f"{self.where}: {self.reason}: {self.detail}"
-
-
-Item = QARecord | InvalidRecord
-Parser = Callable[[Mapping[str, Any], Location], Item]
-
-
-class FormatError(ValueError):
-    """A whole file cannot be read: unknown extension, undetectable or unknown format, missing columns."""
-
+__all__ = [  # the record types live in data_prep.records; readers import them from here
+    "FORMAT_NAMES",
+    "NO_ANSWER",
+    "NO_QUESTION",
+    "UNREADABLE",
+    "FormatError",
+    "InvalidRecord",
+    "Location",
+    "QARecord",
+    "decode",
+    "detect_file_format",
+    "detect_format",
+    "read_records",
+]
 
 # ---------------------------------------------------------------------------------------------------------------
 # Field helpers shared by the parsers
@@ -257,92 +223,6 @@ FORMAT_NAMES = tuple(PARSERS)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Containers: decode a file into (location, mapping | InvalidRecord)
-
-Decoded = tuple[Location, Mapping[str, Any] | InvalidRecord]
-
-
-def _container(path: Path) -> str:
-    suffixes = [s.lower() for s in path.suffixes]
-    if suffixes and suffixes[-1] == ".gz":
-        suffixes = suffixes[:-1]
-    ext = suffixes[-1] if suffixes else ""
-    if ext in (".jsonl", ".json", ".parquet"):
-        return ext[1:]
-    raise FormatError(
-        f"{path}: unknown file type {ext or '(none)'!r}; expected .jsonl, .json or .parquet (optionally .gz)"
-    )
-
-
-def _decode_jsonl(path: Path, f: IO[str]) -> Iterator[Decoded]:
-    for lineno, line in enumerate(f, start=1):
-        if not line.strip():
-            continue
-        where = Location(path, line=lineno)
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            yield where, InvalidRecord(UNREADABLE, f"not valid JSON ({e.msg} at column {e.colno})", where)
-            continue
-        if not isinstance(obj, dict):
-            yield where, InvalidRecord(UNREADABLE, f"expected a JSON object, got a {type(obj).__name__}", where)
-            continue
-        yield where, obj
-
-
-def _decode_json(path: Path) -> Iterator[Decoded]:
-    with open_text(path) as f:
-        head = f.read(1)
-        while head and head.isspace():
-            head = f.read(1)
-        f.seek(0)
-        try:
-            data = json.load(f)
-        except json.JSONDecodeError as e:
-            if head == "{":  # many ".json" files are really JSON lines; read them as such
-                f.seek(0)
-                yield from _decode_jsonl(path, f)
-                return
-            raise FormatError(f"{path}:{e.lineno}: not valid JSON ({e.msg}); the whole file is unreadable") from e
-    if isinstance(data, dict) and isinstance(data.get("Data"), list):
-        data = data["Data"]  # the official TriviaQA files wrap their records
-    if isinstance(data, dict):
-        keys = sorted(data)[:5]
-        raise FormatError(
-            f"{path}: holds one JSON object (keys {keys}...), not a list of QA records or JSON lines; "
-            "a title -> sentences mapping is a passage corpus, which goes through data_prep.build_corpus"
-        )
-    if not isinstance(data, list):
-        raise FormatError(f"{path}: holds a JSON {type(data).__name__}, not a list of QA records")
-    for i, obj in enumerate(data, start=1):
-        where = Location(path, record=i)
-        if isinstance(obj, dict):
-            yield where, obj
-        else:
-            yield where, InvalidRecord(UNREADABLE, f"expected a JSON object, got a {type(obj).__name__}", where)
-
-
-def _decode_parquet(path: Path) -> Iterator[Decoded]:
-    table = pq.read_table(path)
-    for i, row in enumerate(table.to_pylist(), start=1):
-        yield Location(path, record=i), row
-
-
-def decode(path: Path) -> Iterator[Decoded]:
-    """Yield (location, record) for every record of a .jsonl/.json/.parquet file; bad records as InvalidRecord."""
-    if not path.is_file():
-        raise FormatError(f"{path}: no such file")
-    kind = _container(path)
-    if kind == "parquet":
-        yield from _decode_parquet(path)
-    elif kind == "json":
-        yield from _decode_json(path)
-    else:
-        with open_text(path) as f:
-            yield from _decode_jsonl(path, f)
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # Detection
 
 
@@ -352,7 +232,7 @@ def detect_format(path: Path, keys: set[str], sample: Mapping[str, Any]) -> str:
     Raises:
         FormatError: no format matches; the message lists the keys seen and how to name the format.
     """
-    if _container(path) == "parquet" and "question" in keys and ({"reward_model", "golden_answers"} & keys):
+    if container_kind(path) == "parquet" and "question" in keys and ({"reward_model", "golden_answers"} & keys):
         return "searchr1_parquet"
     if {"question_id", "question_text", "answers_objects"} <= keys:
         return "ircot"
