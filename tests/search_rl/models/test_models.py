@@ -34,7 +34,8 @@ def test_local_directory_round_trip(tmp_path, tokenizer):
 
 
 def test_unknown_source_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="not 'smollm2-135m-instruct', 'tiny', a .gguf file, a local HF directory with config.json, or a hub id"):
+    expected = "not 'smollm2-135m-instruct', 'tiny', a .gguf file, a local HF directory with config.json, or a hub id"
+    with pytest.raises(FileNotFoundError, match=expected):
         load_model(str(tmp_path / "missing"))
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_model(str(tmp_path / "missing.gguf"))
