@@ -184,13 +184,17 @@ class TrainingLoop:
         self.dumper.rewind(self.step)
 
     def state_dict(self) -> dict[str, Any]:
-        """The step counter, RNG states and the step's own state (data position, rollout source, KL controller)."""
+        """The step counter, RNG states, the health monitor's history and the step's own state (data position, rollout
+        source, KL controller)."""
         rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-        return {"step": self.step, **self.step_fn.state_dict(), "rng": rng}
+        health = self.health.history if self.health is not None else None  # a resumed run keeps its baselines
+        return {"step": self.step, **self.step_fn.state_dict(), "rng": rng, "health": health}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
         self.step_fn.load_state_dict(state, self.step)
+        if self.health is not None:
+            self.health.history = {k: list(v) for k, v in (state.get("health") or {}).items()}
         random.setstate(state["rng"]["python"])
         np.random.set_state(state["rng"]["numpy"])
         torch.set_rng_state(state["rng"]["torch"])
