@@ -62,7 +62,7 @@ bench:
 	$(PYTHON) bench/retriever_bench.py
 
 # Maintainers only: rebuild the shipped corpus from the raw snapshot, which is not in the repository
-# (make corpus RAW=../shared/data/raw).
+# (make corpus RAW=<raw snapshot folder>).
 corpus:
 	@test -n "$(RAW)" || { echo "make corpus needs RAW=<raw snapshot folder>"; exit 2; }
 	$(PYTHON) -m data_prep.build_corpus --raw $(RAW)

@@ -38,7 +38,7 @@ SHIPPED_SPLITS = [
 
 def load_questions(seed: int, kind: str = "nq", raw: Path | None = None) -> list[str]:
     """Distinct real questions, shuffled: NQ (short, like Search-R1's NQ rollouts) or NQ + HotpotQA (mixed). From the
-    shipped splits by default; ``raw`` (a maintainer's raw snapshot, e.g. ``../shared/data/raw``) gives the larger
+    shipped splits by default; ``raw`` (a folder with a maintainer's raw snapshot) gives the larger
     NQ-open sets used for the figures recorded before 2026-11-23."""
     qs: list[str] = []
     if raw is None:

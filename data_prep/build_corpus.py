@@ -9,7 +9,7 @@ Ids are consecutive integers in order of first appearance over a fixed source or
 same files gives byte-identical output. The raw snapshot is not part of the repository (the shipped corpus is);
 maintainers who have it run::
 
-    python -m data_prep.build_corpus --raw ../shared/data/raw      # --out data/corpus/wiki_mini.jsonl.gz
+    python -m data_prep.build_corpus --raw <raw snapshot folder>  # --out data/corpus/wiki_mini.jsonl.gz
 """
 
 from __future__ import annotations

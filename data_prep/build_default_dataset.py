@@ -22,7 +22,7 @@ and a rebuild from the same raw files gives the same bytes. No test or validatio
 case-insensitively after normalisation) may appear in train, nor a test question in validation; the build fails
 if one does. The raw snapshot is not part of the repository; maintainers who have it run::
 
-    python -m data_prep.build_default_dataset --raw ../shared/data/raw      # --out data/datasets
+    python -m data_prep.build_default_dataset --raw <raw snapshot folder>  # --out data/datasets
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ CorpusIds = dict[Passage, str]  # every passage of the corpus -> its id
 
 @dataclass(frozen=True)
 class RawFile:
-    """One raw input file, its provenance (from shared/data/raw/SOURCES.md) and how to read it."""
+    """One raw input file, its provenance (from the raw snapshot's SOURCES.md) and how to read it."""
 
     rel: str
     """Path under the raw folder."""
@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument(
-        "--raw", type=Path, required=True, help="raw snapshot folder (not in the repository; e.g. ../shared/data/raw)"
+        "--raw", type=Path, required=True, help="raw snapshot folder (not in the repository)"
     )
     ap.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS, help="shipped corpus (default: %(default)s)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: %(default)s)")

@@ -1,4 +1,4 @@
-"""Every QA format reads its real fixture (copied from shared/data/raw), detection picks the right reader, and bad
+"""Every QA format reads its real fixture (copied from the raw snapshot), detection picks the right reader, and bad
 records come back as InvalidRecord naming file and line.
 
 Run: python -m pytest tests/data_prep/test_qa_formats.py -q
