@@ -25,7 +25,7 @@ from data_prep.build_default_dataset import DEFAULT_OUT, GOLD_FILE
 from data_prep.rows import read_rows
 from retriever_server.build_index import index_path
 from retriever_server.corpus import load_corpus
-from retriever_server.retrievers.dense import Encoder
+from retriever_server.retrievers.encoder import Encoder
 from retriever_server.settings import SHIPPED_CORPUS, Method, Settings
 from retriever_server.shipped_embeddings import find_set, load_set
 

@@ -34,7 +34,7 @@ from tqdm import tqdm
 from retriever_server.corpus import Corpus, load_corpus
 from retriever_server.retrievers.base import Retriever
 from retriever_server.retrievers.bm25 import BM25Retriever, build_bm25
-from retriever_server.retrievers.dense import Encoder, FaissDenseRetriever, build_faiss_index, read_faiss_index
+from retriever_server.retrievers.encoder import Encoder
 from retriever_server.retrievers.hybrid import HybridRetriever
 from retriever_server.settings import Method, Settings
 from retriever_server.shipped_embeddings import SHIPPED_EMBEDDINGS_DIR, shipped_embeddings, write_embeddings
@@ -169,6 +169,8 @@ def build_index(
         if method is Method.dense:
             import faiss
 
+            from retriever_server.retrievers.dense import build_faiss_index
+
             enc = encoder or _make_encoder(settings)
             partial = target.with_name(target.name + ".partial")
             root = None if export_to is not None else shipped_root
@@ -192,6 +194,8 @@ def build_index(
 
 def _load_one(corpus: Corpus, method: Method, settings: Settings, progress: ProgressFn) -> Retriever:
     if method is Method.dense:
+        from retriever_server.retrievers.dense import FaissDenseRetriever, read_faiss_index
+
         progress("loading encoder", 0, 0)
         encoder = _make_encoder(settings)
         if settings.prebuilt_index is not None:
@@ -208,11 +212,13 @@ def _load_one(corpus: Corpus, method: Method, settings: Settings, progress: Prog
 def load_retriever(corpus: Corpus, settings: Settings, progress: ProgressFn = _no_progress) -> Retriever:
     """The retriever for ``settings.method``, building any missing index first (reporting to ``progress``)."""
     if settings.torch_threads:
-        import faiss
         import torch
 
         torch.set_num_threads(settings.torch_threads)
-        faiss.omp_set_num_threads(settings.torch_threads)
+        if settings.method is not Method.bm25:  # BM25 alone needs no FAISS installed
+            import faiss
+
+            faiss.omp_set_num_threads(settings.torch_threads)
     if settings.method is Method.hybrid:
         return HybridRetriever(
             _load_one(corpus, Method.dense, settings, progress),

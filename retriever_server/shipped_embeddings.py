@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from retriever_server.corpus import Corpus, file_sha256
-from retriever_server.retrievers.dense import Encoder, resolve_encoder_path
+from retriever_server.retrievers.encoder import Encoder, resolve_encoder_path
 from retriever_server.settings import REPO_ROOT, Settings
 
 logger = logging.getLogger(__name__)

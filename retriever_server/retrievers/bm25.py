@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-import bm25s
-import numpy as np
+# bm25s runs a JAX operation when it is imported wherever JAX is installed; on a GPU machine JAX then takes 75% of the
+# GPU's memory (its default preallocation) from the trainer beside the retriever. Top-k selection here is numpy's.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import bm25s  # noqa: E402
+import numpy as np  # noqa: E402
 
 STOPWORDS = "en"
 
@@ -49,7 +54,9 @@ class BM25Retriever:
         tokens = bm25s.tokenize(
             queries, stopwords=STOPWORDS, stemmer=self._stemmer, return_ids=False, show_progress=False
         )
-        positions, scores = self.model.retrieve(tokens, k=k, show_progress=False, n_threads=1)
+        positions, scores = self.model.retrieve(
+            tokens, k=k, show_progress=False, n_threads=1, backend_selection="numpy"
+        )
         positions = np.asarray(positions, dtype=np.int64).reshape(len(queries), k)
         scores = np.asarray(scores, dtype=np.float32).reshape(len(queries), k)
         if k < topk:  # pad to the asked width like FAISS does

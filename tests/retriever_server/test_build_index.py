@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,7 +15,7 @@ import pytest
 import retriever_server.build_index as build_index_mod
 from retriever_server.build_index import build_index, index_path, load_retriever
 from retriever_server.corpus import load_corpus
-from retriever_server.retrievers.dense import Encoder
+from retriever_server.retrievers.encoder import Encoder
 from retriever_server.settings import Method, Settings
 
 
@@ -124,3 +127,24 @@ def test_e5_encoders_get_query_and_passage_prefixes(tmp_path: Path) -> None:
     assert s.resolved_prefixes() == ("query: ", "passage: ")
     assert Settings().resolved_prefixes() == ("", "")
     assert Settings(encoder_model="e5-small", query_prefix="").resolved_prefixes() == ("", "passage: ")
+
+
+def test_a_bm25_server_needs_neither_faiss_nor_jax_on_the_gpu(tmp_path: Path, small_corpus: Path) -> None:
+    # The GPU check's machine has no FAISS; JAX there would take 75% of the GPU when bm25s imports it.
+    code = (
+        "import os, sys; sys.modules['faiss'] = None\n"
+        "from pathlib import Path\n"
+        "import retriever_server.app\n"
+        "from retriever_server.build_index import load_retriever\n"
+        "from retriever_server.corpus import load_corpus\n"
+        "from retriever_server.settings import Settings\n"
+        f"s = Settings(corpus_path=Path({str(small_corpus)!r}), index_dir=Path({str(tmp_path / 'idx')!r}),"
+        " method='bm25', show_progress=False, torch_threads=1)\n"
+        "retriever = load_retriever(load_corpus(s.corpus_path), s)\n"
+        "positions, scores = retriever.search(['passage'], 2)\n"
+        "print(os.environ['JAX_PLATFORMS'], positions.shape, 'faiss' in sys.modules and sys.modules['faiss'] is None)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["cpu", "(1,", "2)", "True"]

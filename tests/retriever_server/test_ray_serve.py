@@ -22,7 +22,7 @@ import pytest
 from retriever_server.corpus import load_corpus
 from retriever_server.index_convert import main as convert_main
 from retriever_server.launcher import free_port
-from retriever_server.retrievers.dense import Encoder
+from retriever_server.retrievers.encoder import Encoder
 from retriever_server.retrievers.sharded import merge_topk
 from retriever_server.shipped_embeddings import SHIPPED_EMBEDDINGS_DIR
 

@@ -15,7 +15,7 @@ import pytest
 
 from retriever_server.build_index import build_index, load_retriever
 from retriever_server.corpus import Corpus, load_corpus
-from retriever_server.retrievers.dense import Encoder
+from retriever_server.retrievers.encoder import Encoder
 from retriever_server.settings import DEFAULT_ENCODER, SHIPPED_CORPUS, Method, Settings
 from retriever_server.shipped_embeddings import (
     MIN_SPOT_COSINE,
