@@ -101,9 +101,19 @@ class RetrieverProcess:
         )
         try:
             return wait_until_ready(self.url, self.ready_timeout_s, self.process)
+        except RuntimeError as e:
+            self.stop()
+            raise RuntimeError(f"{e}{self._log_tail()}") from e
         except BaseException:
             self.stop()
             raise
+
+    def _log_tail(self, lines: int = 20) -> str:
+        """The last lines of the server's log, for an error message ('' without a log)."""
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        tail = self.log_path.read_text(errors="replace").splitlines()[-lines:]
+        return f"; last lines of {self.log_path}:\n" + "\n".join(tail)
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM (graceful uvicorn shutdown), then SIGKILL if it does not exit in time."""

@@ -86,3 +86,11 @@ def test_build_index_cli_rejects_a_bad_method(tmp_path: Path, small_corpus: Path
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "invalid choice: 'splade'" in done.stderr
+
+
+def test_a_server_that_exits_at_start_names_its_log_lines(tmp_path: Path) -> None:
+    server = RetrieverProcess(env={"RETRIEVER_METHOD": "nope"}, ready_timeout_s=60, log_path=tmp_path / "log.txt")
+    with pytest.raises(
+        RuntimeError, match=r"(?s)exited with code 1 before it was ready; last lines of .*log\.txt.*nope"
+    ):
+        server.start()
