@@ -47,7 +47,7 @@ install-vllm:
 # a real retriever) and the transformers-floor tests, in the vLLM venv; fails if any test was skipped there.
 VLLM_TESTS := tests/test_version_floors.py tests/search_rl/workers/test_forward.py \
 	tests/search_rl/rollout/test_engine_contract.py tests/search_rl/rollout/test_vllm_engine.py \
-	tests/search_rl/rollout/test_vllm_sync.py \
+	tests/search_rl/rollout/test_vllm_sync.py tests/search_rl/rollout/test_engine_choice.py \
 	tests/search_rl/test_vllm_e2e.py
 test-vllm: install-vllm
 	bash -o pipefail -c '$(VLLM_PYTHON) -m pytest -q -rs -p no:cacheprovider $(VLLM_TESTS) | tee /tmp/search-rl-test-vllm.log'

@@ -2,22 +2,27 @@
 
 Resolution is the one place where names in the config are checked against the registries (advantage estimators,
 policy losses, KL estimators, loss aggregations, reward functions) and where the defaults that depend on them are
-filled (``rollout.n`` and ``critic.enable`` from what the estimator needs, ``algorithm.tis_cap`` from whether the
-sampler is the trainer). It runs before Ray starts, so a wrong name fails in a second with the key named. The
-config dataclasses themselves hold data and range checks only, and never import the registries.
+filled (``rollout.engine=auto`` from whether vLLM is installed and runs the model, ``rollout.n`` and
+``critic.enable`` from what the estimator needs, ``algorithm.tis_cap`` from whether the sampler is the trainer). It
+runs before Ray starts, so a wrong name fails in a second with the key named. The config dataclasses themselves hold
+data and range checks only, and never import the registries.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from search_rl.algorithms import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, estimator_needs
-from search_rl.config import AlgorithmConfig, ConfigError, PPOConfig, RewardConfig
+from search_rl.config import AlgorithmConfig, ConfigError, EvalConfig, PPOConfig, RewardConfig
 from search_rl.config.loading import compose_config, to_typed
 from search_rl.config.ppo import DEFAULT_GROUP_SIZE, DEFAULT_TIS_CAP
 from search_rl.registry import Registry
 from search_rl.reward import REWARDS
+from search_rl.rollout.engines.choice import choose_engine
+
+logger = logging.getLogger(__name__)
 
 C = TypeVar("C")
 
@@ -51,8 +56,25 @@ def resolve(cfg: C) -> C:
     if isinstance(reward, RewardConfig):
         check_reward_names(reward)
     if isinstance(cfg, PPOConfig):
+        device = cfg.trainer.device
+        resolve_engine(cfg.actor_rollout_ref.rollout, cfg.model.path, device == "cuda" or device == "auto" and _cuda())
         fill_estimator_defaults(cfg)
+    if isinstance(cfg, EvalConfig):
+        resolve_engine(cfg.actor_rollout_ref.rollout, cfg.model.path, _cuda())
     return cfg
+
+
+def resolve_engine(rollout: Any, model_path: str, gpu: bool) -> None:
+    """Replace ``rollout.engine=auto`` by ``vllm`` or ``hf`` (``search_rl.rollout.engines.choice``), logging why."""
+    if rollout.engine == "auto":
+        rollout.engine, why = choose_engine(model_path, gpu)
+        logger.info("actor_rollout_ref.rollout.engine=auto -> %s (%s)", rollout.engine, why)
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def check_algorithm_names(algo: AlgorithmConfig) -> None:

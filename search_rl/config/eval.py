@@ -31,7 +31,8 @@ class EvalRolloutConfig(RolloutConfig):
     in training: ``actor_rollout_ref.rollout.*`` and ``actor_rollout_ref.rollout.hf.*``."""
 
     engine: str = "hf"
-    """Generation backend, as in training: ``hf`` or ``vllm``."""
+    """Generation backend, as in training: ``hf``, ``vllm`` or ``auto`` (``vllm`` where it is installed and runs the
+    model, else ``hf``)."""
     hf: HFEngineConfig = field(default_factory=HFEngineConfig)
     """HF engine settings."""
     gpu_memory_utilization: float = 0.9

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from search_rl.config.errors import ConfigError
 from search_rl.config.search_backends import RecordingConfig, SimulatedSearchConfig, WebSearchConfig, check_backend
 
-ENGINES = ("hf", "vllm")
+ENGINES = ("auto", "hf", "vllm")
 
 
 @dataclass
@@ -213,8 +213,9 @@ class TrainRolloutConfig(RolloutConfig):
     n: int | None = None
     """Samples per prompt; ``null`` = 1, or 4 for estimators that compare samples of a prompt (``grpo``, ``rloo``)."""
     engine: str = "hf"
-    """Generation backend: ``hf`` (transformers, CPU or GPU) or ``vllm`` (``search-rl[vllm]``; on CPU ``make
-    install-vllm``)."""
+    """Generation backend: ``hf`` (transformers, CPU or GPU), ``vllm`` (``search-rl[vllm]``; on CPU ``make
+    install-vllm``) or ``auto``: ``vllm`` where it is installed and runs the model (on CPU: head_dim >= 32), else
+    ``hf``."""
     hf: HFEngineConfig = field(default_factory=HFEngineConfig)
     """Settings of the ``hf`` engine."""
     gpu_memory_utilization: float = 0.4

@@ -54,8 +54,10 @@ def build_engine(
         name: a label for the export folder.
 
     Raises:
-        ValueError: ``cfg.engine`` is ``hf`` but no model was given.
+        ValueError: ``cfg.engine`` is ``hf`` but no model was given, or still ``auto`` (an unresolved config).
     """
+    if cfg.engine == "auto":
+        raise ValueError("rollout.engine=auto is chosen when the config is resolved (search_rl.configure.resolve)")
     if cfg.engine == "vllm":
         from search_rl.rollout.engines.vllm import VLLMEngine
 

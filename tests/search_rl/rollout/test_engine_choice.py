@@ -1,0 +1,69 @@
+"""``rollout.engine=auto``: vLLM where installed and able to run the model (head_dim >= 32 on CPU), else HF."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from transformers import LlamaConfig
+
+import search_rl.configure as configure
+from search_rl.config.ppo import DEFAULT_TIS_CAP
+from search_rl.configure import load_config
+from search_rl.rollout.engines import choice
+from search_rl.rollout.engines.choice import choose_engine, head_dim, vllm_installed
+
+
+def _model_dir(tmp_path: Path, hidden: int, heads: int) -> str:
+    LlamaConfig(hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=heads).save_pretrained(tmp_path)
+    return str(tmp_path)
+
+
+def test_without_vllm_the_hf_engine_is_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(choice, "vllm_installed", lambda: False)
+    assert choose_engine("tiny", gpu=True) == ("hf", "vLLM is not installed")
+
+
+def test_with_vllm_the_cpu_choice_follows_the_head_dimension(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(choice, "vllm_installed", lambda: True)
+    engine, why = choose_engine("tiny", gpu=False)
+    assert engine == "hf" and "head_dim >= 32; tiny has 16" in why
+    assert head_dim(_model_dir(tmp_path / "wide", hidden=128, heads=2)) == 64
+    assert choose_engine(str(tmp_path / "wide"), gpu=False)[0] == "vllm"
+    assert choose_engine(_model_dir(tmp_path / "narrow", hidden=96, heads=6), gpu=False)[0] == "hf"
+    assert choose_engine("tiny", gpu=True)[0] == "vllm"  # the head-width limit is vLLM-CPU's only
+
+
+def test_the_default_config_resolves_auto_and_turns_tis_on_for_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = load_config(["model=tiny", "trainer.device=cpu"])
+    assert cfg.actor_rollout_ref.rollout.engine == "hf"  # tiny: vLLM-CPU cannot run it, installed or not
+    assert cfg.algorithm.tis_cap == 0.0  # the HF engine in float32 samples as the trainer computes
+    monkeypatch.setattr(configure, "choose_engine", lambda path, gpu: ("vllm", "test"))
+    cfg = load_config(["model=tiny", "trainer.device=cpu"])
+    assert cfg.actor_rollout_ref.rollout.engine == "vllm"
+    assert cfg.algorithm.tis_cap == DEFAULT_TIS_CAP  # another sampler: its mismatch is corrected
+    assert load_config(["model=tiny", "rollout=hf"]).actor_rollout_ref.rollout.engine == "hf"  # named: kept
+
+
+def test_main_eval_resolves_auto_too() -> None:
+    cfg = load_config(["model=tiny"], config_name="eval")
+    assert cfg.actor_rollout_ref.rollout.engine == "hf"
+
+
+def test_vllm_installed_matches_the_environment() -> None:
+    try:
+        import vllm  # noqa: F401
+
+        present = True
+    except ImportError:
+        present = False
+    assert vllm_installed() is present
+
+
+@pytest.mark.vllm
+def test_where_vllm_is_installed_the_default_rolls_out_smollm2_with_it() -> None:
+    pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
+    cfg = load_config(["trainer.device=cpu"])  # the default model, SmolLM2-135M: head_dim 64
+    assert cfg.actor_rollout_ref.rollout.engine == "vllm"
+    assert cfg.algorithm.tis_cap == DEFAULT_TIS_CAP
+    assert load_config([], config_name="eval").actor_rollout_ref.rollout.engine == "vllm"
