@@ -107,7 +107,7 @@ async def run_level(
         # Opens this client's connection and lets the batcher settle into the steady state before timing: the
         # first rounds after 32 clients start in lockstep are split unevenly into batches (see bench/README.md).
         for r in range(warmup_rounds):
-            body = {"queries": [f"warm up {c} {r} {j}" for j in range(per_request)], "topk": 3}
+            body = {"queries": [f"warm up {c} {r} {j}" for j in range(per_request)], "topk": 3, "return_scores": True}
             async with http.post(f"{url}/retrieve", json=body) as resp:
                 resp.raise_for_status()
 
