@@ -246,7 +246,7 @@ def main() -> None:
     ap.add_argument("--wheels", type=Path, default=None, help="install these wheels first (make gpu-wheels)")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--tokenizer", type=Path, default=None, help="a saved tokenizer folder (default: SmolLM2's)")
-    ap.add_argument("--arch", default="smollm2-135m", help="smollm2-135m or qwen2.5-0.5b")
+    ap.add_argument("--arch", choices=sorted(ARCHS), default="smollm2-135m")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--prompts", type=int, default=None, help="prompts per step (cuda 16, cpu 2)")
     ap.add_argument("--samples", type=int, default=None, help="samples per prompt (cuda 4, cpu 2)")
