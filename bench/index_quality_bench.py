@@ -24,11 +24,11 @@ import numpy as np
 from data_prep.build_default_dataset import DEFAULT_OUT
 from data_prep.ceiling import has_answer
 from data_prep.rows import read_rows
-from retriever_server.corpus import load_corpus
+from retriever_server.index.corpus import load_corpus
+from retriever_server.index.shipped_embeddings import SHIPPED_EMBEDDINGS_DIR
 from retriever_server.retrievers.dense import set_search_params
 from retriever_server.retrievers.encoder import Encoder
 from retriever_server.settings import SHIPPED_CORPUS
-from retriever_server.shipped_embeddings import SHIPPED_EMBEDDINGS_DIR
 
 # (factory, parameter name, settings to sweep); the last setting of each is the most accurate
 TYPES: list[tuple[str, str | None, list[int]]] = [

@@ -22,9 +22,9 @@ import asyncio
 from collections import Counter
 
 from search_rl.config import RetrieverClientConfig
-from search_rl.data import read_rows
 from search_rl.datatypes import Passage
 from search_rl.models import load_tokenizer
+from search_rl.prompt_data import read_rows
 from search_rl.reward.search_stats import contains_answer
 from search_rl.rollout.observations import ObservationBuilder
 from search_rl.rollout.retriever_client import RetrieverClient

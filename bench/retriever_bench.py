@@ -24,8 +24,8 @@ from pathlib import Path
 
 import httpx
 
-from retriever_server.build_index import load_retriever
-from retriever_server.corpus import load_corpus
+from retriever_server.index.build import load_retriever
+from retriever_server.index.corpus import load_corpus
 from retriever_server.launcher import RetrieverProcess
 from retriever_server.settings import Settings
 

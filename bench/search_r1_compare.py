@@ -27,8 +27,8 @@ from pathlib import Path
 import httpx
 from retriever_bench import enough, load_questions, run_level
 
-from retriever_server.build_index import build_index
-from retriever_server.corpus import load_corpus
+from retriever_server.index.build import build_index
+from retriever_server.index.corpus import load_corpus
 from retriever_server.launcher import RetrieverProcess, free_port
 from retriever_server.retrievers.encoder import resolve_encoder_path
 from retriever_server.settings import Method, Settings

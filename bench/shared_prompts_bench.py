@@ -24,10 +24,10 @@ from collections.abc import Callable
 
 import torch
 
-from search_rl.data import PromptDataset, read_rows
+from search_rl.batches import TrainBatch
 from search_rl.models import load_model, load_tokenizer
 from search_rl.models.lora import apply_lora
-from search_rl.protocol import TrainBatch
+from search_rl.prompt_data import PromptDataset, read_rows
 from search_rl.workers.forward import response_logprobs
 from search_rl.workers.shared_prompts import SharedPrompts
 

@@ -5,7 +5,7 @@ test split (``data/datasets/nq_hotpotqa_mini/test.parquet``). Reports recall@1/@
 passages (``data/datasets/gold_passages.jsonl``) with each, how often the top-1 and the top-3 lists are identical,
 and how far the vectors moved. The float32 index is the one ``--export-shipped`` leaves in the cache:
 
-    python -m retriever_server.build_index --corpus data/corpus/wiki_mini.jsonl.gz --method dense \\
+    python -m retriever_server.index.build --corpus data/corpus/wiki_mini.jsonl.gz --method dense \\
         --out /tmp/fp32-cache --export-shipped data/index/wiki_mini
     python bench/shipped_embeddings_bench.py --float32-index-dir /tmp/fp32-cache
 
@@ -23,11 +23,11 @@ import numpy as np
 
 from data_prep.build_default_dataset import DEFAULT_OUT, GOLD_FILE
 from data_prep.rows import read_rows
-from retriever_server.build_index import index_path
-from retriever_server.corpus import load_corpus
+from retriever_server.index.build import index_path
+from retriever_server.index.corpus import load_corpus
+from retriever_server.index.shipped_embeddings import find_set, load_set
 from retriever_server.retrievers.encoder import Encoder
 from retriever_server.settings import SHIPPED_CORPUS, Method, Settings
-from retriever_server.shipped_embeddings import find_set, load_set
 
 TEST_SPLIT = "nq_hotpotqa_mini/test.parquet"
 

@@ -32,12 +32,12 @@ from pathlib import Path
 
 import torch
 
+from search_rl.batches import TrainBatch
 from search_rl.config import PPOConfig
 from search_rl.configure import load_config
 from search_rl.logging_setup import configure_logging
 from search_rl.main_ppo import build_trainer, build_workers, prepare
 from search_rl.models import load_model
-from search_rl.protocol import TrainBatch
 from search_rl.trainer.ppo import PPOStep
 from search_rl.workers.forward import model_token_count, used_columns
 

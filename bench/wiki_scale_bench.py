@@ -1,5 +1,5 @@
 """Wiki-scale retrieval on synthetic data: N passages shaped like wiki-18's and N clustered unit vectors, a compressed
-FAISS index built from the vectors (``retriever_server.index_convert``), and the real server (``python -m
+FAISS index built from the vectors (``retriever_server.index.convert``), and the real server (``python -m
 retriever_server --workers 2``) serving the store + index as a prebuilt index with the MiniLM query encoder.
 
 Synthetic passages follow wiki-18's construction (DPR's 100-word splits of Wikipedia, ``"Title"\\ntext``): 90 % of
@@ -36,8 +36,8 @@ import numpy as np
 import psutil
 from retriever_bench import load_questions, run_level
 
-from retriever_server.corpus import load_corpus
-from retriever_server.index_convert import VectorSource, convert
+from retriever_server.index.convert import VectorSource, convert
+from retriever_server.index.corpus import load_corpus
 from retriever_server.launcher import free_port, wait_until_ready
 from retriever_server.retrievers.dense import read_faiss_index, set_search_params
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from retriever_server.corpus import open_text, split_contents
+from retriever_server.passages import open_text, split_contents
 from search_rl.tracking.jsonl import iter_jsonl
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "data" / "corpus" / "wiki_mini.jsonl.gz"

@@ -40,7 +40,7 @@ from typing import Any
 from data_prep.build_corpus import normalise
 from data_prep.qa_to_parquet import ConversionReport, InputSpec, Question, build_rows, collect
 from data_prep.rows import normalise_question, question_key, write_rows
-from retriever_server.corpus import open_text, split_contents
+from retriever_server.passages import open_text, split_contents
 from search_rl.templates import load_template
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -404,9 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument(
-        "--raw", type=Path, required=True, help="raw snapshot folder (not in the repository)"
-    )
+    ap.add_argument("--raw", type=Path, required=True, help="raw snapshot folder (not in the repository)")
     ap.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS, help="shipped corpus (default: %(default)s)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: %(default)s)")
     args = ap.parse_args(argv)

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from retriever_server.corpus import open_text
+from retriever_server.passages import open_text
 from search_rl.reward.qa_em import normalize_answer
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from typing import IO, Any
 import pyarrow.parquet as pq
 
 from data_prep.records import UNREADABLE, FormatError, InvalidRecord, Location
-from retriever_server.corpus import open_text
+from retriever_server.passages import open_text
 
 Decoded = tuple[Location, Mapping[str, Any] | InvalidRecord]
 

@@ -32,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         host=args.host,
         port=args.port,
         workers=args.workers,
-        http="retriever_server.http_guard:DeadlineHttpToolsProtocol",
+        http="retriever_server.api.http_guard:DeadlineHttpToolsProtocol",
         log_level=args.log_level,
     )
 

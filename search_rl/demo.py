@@ -45,8 +45,8 @@ import httpx
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from retriever_server.corpus import split_contents
 from retriever_server.launcher import RetrieverProcess, free_port
+from retriever_server.passages import split_contents
 from retriever_server.settings import get_settings
 from search_rl.logging_setup import MESSAGE_FORMAT, configure_logging
 from search_rl.tools.compare_evals import EvalRun, load_eval, report

@@ -42,14 +42,14 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
+from search_rl.batches import PromptBatch
 from search_rl.config import CONFIG_DIR, ConfigError, EvalConfig, exit_on_renamed, register_configs
 from search_rl.configure import load_config, to_config
-from search_rl.data import PromptDataset, read_rows
 from search_rl.datatypes import Trajectory
 from search_rl.evaluation.fingerprint import pin
 from search_rl.evaluation.metrics import answer_evidence_metrics
 from search_rl.models import dtype_of, load_model, load_tokenizer
-from search_rl.protocol import PromptBatch
+from search_rl.prompt_data import PromptDataset, read_rows
 from search_rl.reward.scoring import answer_metrics, pass_at_k_metrics, score_trajectories
 from search_rl.rollout.backends import build_retriever, meter_metrics, meter_of, write_backend_manifest
 from search_rl.rollout.backends.web import SearchBudgetExhausted

@@ -25,11 +25,11 @@ from transformers import PreTrainedTokenizerBase
 
 from search_rl.algorithms import estimator_needs
 from search_rl.async_rollout.build import build_rollout_source
+from search_rl.batches import PromptBatch
 from search_rl.config import CONFIG_DIR, ConfigError, PPOConfig, StepSettings, register_configs
-from search_rl.data import PromptDataset, PromptLoader, read_rows
 from search_rl.launch import build_run_tracker, make_group, run_main, worker_session, worker_specs
 from search_rl.models import load_tokenizer, model_context_length
-from search_rl.protocol import PromptBatch
+from search_rl.prompt_data import PromptDataset, PromptLoader, read_rows
 from search_rl.rollout.backends import build_retriever, write_backend_manifest
 from search_rl.tracking import RolloutDumper, Tracker
 from search_rl.trainer.checkpoint import CheckpointManager

@@ -26,14 +26,14 @@ import hydra
 from omegaconf import DictConfig
 from transformers import PreTrainedTokenizerBase
 
+from search_rl.batches import PromptBatch
 from search_rl.config import CONFIG_DIR, AlgorithmConfig, SFTConfig, exit_on_renamed, register_configs
 from search_rl.configure import load_config
-from search_rl.data import PromptDataset, PromptLoader, read_rows
 from search_rl.launch import build_run_tracker, make_group, run_main, worker_session, worker_specs
 from search_rl.models import load_tokenizer, model_context_length
-from search_rl.protocol import PromptBatch
+from search_rl.prompt_data import PromptDataset, PromptLoader, read_rows
 from search_rl.rollout.backends import build_retriever
-from search_rl.sft.data import SFTDataset
+from search_rl.sft.dataset import SFTDataset
 from search_rl.tracking import RolloutDumper, Tracker
 from search_rl.trainer.checkpoint import CheckpointManager
 from search_rl.trainer.collect import Workers

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from retriever_server.corpus import split_contents
+from retriever_server.passages import split_contents
 from search_rl.tags import format_docs
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "configs" / "templates"

@@ -1,7 +1,8 @@
 """Shards of one corpus: each index holds a consecutive range of corpus rows; their top-k lists merge into one.
 
-The Ray Serve deployment (``retriever_server.ray_serve``) fans a query batch out to shard replicas and merges with
-:func:`merge_topk`; :class:`ShardedIndex` does the same in one process (tests, and a machine that holds every shard).
+The Ray Serve deployment (``retriever_server.serve.deployment``) fans a query batch out to shard replicas and merges
+with :func:`merge_topk`; :class:`ShardedIndex` does the same in one process (tests, and a machine that holds every
+shard).
 """
 
 from __future__ import annotations

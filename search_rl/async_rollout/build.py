@@ -9,7 +9,7 @@ from search_rl.async_rollout.coordinator import AsyncRolloutSource, Publisher, S
 from search_rl.async_rollout.generator import GeneratorWorker
 from search_rl.async_rollout.weights import WeightStore
 from search_rl.config import ConfigError, PPOConfig
-from search_rl.data import PromptLoader
+from search_rl.prompt_data import PromptLoader
 from search_rl.seeds import step_seed
 from search_rl.workers import WorkerSpec
 

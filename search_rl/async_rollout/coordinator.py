@@ -41,8 +41,8 @@ from typing import Any, Protocol
 
 from search_rl.async_rollout.groups import Group, assemble, split_groups
 from search_rl.async_rollout.queue import GroupQueue
+from search_rl.batches import PromptBatch
 from search_rl.datatypes import RolloutResult
-from search_rl.protocol import PromptBatch
 
 logger = logging.getLogger(__name__)
 

@@ -22,11 +22,11 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from search_rl.batches import PromptBatch
 from search_rl.config import ModelConfig, RetrieverClientConfig, TrainRolloutConfig
 from search_rl.datatypes import RolloutResult
 from search_rl.models import dtype_of, load_model, load_tokenizer
 from search_rl.models.weights import save_hf_folder, tensor_aliases
-from search_rl.protocol import PromptBatch
 from search_rl.rollout.backends import build_retriever
 from search_rl.rollout.engines.base import RolloutEngine
 from search_rl.rollout.engines.factory import build_engine

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from search_rl.batches import PromptBatch
 from search_rl.datatypes import RolloutResult, Trajectory
-from search_rl.protocol import PromptBatch
 
 
 @dataclass(frozen=True)

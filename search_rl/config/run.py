@@ -58,7 +58,7 @@ class DataConfig:
 
 @dataclass
 class RewardConfig:
-    """Which ``REWARDS`` entry scores each data source (``search_rl/reward/registry.py``), and the shaping applied on
+    """Which ``REWARDS`` entry scores each data source (``search_rl/reward/scorers.py``), and the shaping applied on
     top of it (``search_rl/reward/shaping.py``; off by default, so the reward is exactly the chosen score)."""
 
     default: str = "qa_em"

@@ -29,9 +29,9 @@ from typing import Any
 import httpx
 import torch
 
-from retriever_server.corpus import file_sha256
+from retriever_server.passages import file_sha256
 from search_rl.config import EvalConfig
-from search_rl.data import resolve_data_path
+from search_rl.prompt_data import resolve_data_path
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ HEALTH_KEYS = ("method", "num_documents", "index_path", "encoder_model", "corpus
 """The fields of the retriever's ``GET /health`` that describe what it searches (``index_path`` is the index key:
 ``<method>-<sha256 of corpus sha256, method and index settings>``)."""
 
-Fingerprint = dict[str, dict[str, Any]]
+EvalFingerprint = dict[str, dict[str, Any]]
 
 
 def weights_sha256(model: torch.nn.Module) -> str:
@@ -115,7 +115,7 @@ def build_fingerprint(
     data_files: Sequence[str],
     retriever: Mapping[str, Any] | None,
     template_file: Path | None = None,
-) -> Fingerprint:
+) -> EvalFingerprint:
     """The fingerprint of one evaluation (sections in the module docstring).
 
     Args:
@@ -145,7 +145,7 @@ def build_fingerprint(
         template["file_sha256"] = file_sha256(template_file)
     if cfg.baseline == "naive_rag":
         template["rag_topk"] = cfg.rag_topk
-    fp: Fingerprint = {
+    fp: EvalFingerprint = {
         "model": {"weights_sha256": weights, "path": cfg.model.path, "dtype": cfg.model.dtype},
         "template": template,
         "budgets": budgets,
@@ -196,7 +196,7 @@ def describe_retriever(cfg: EvalConfig, retriever: object | None) -> dict[str, A
 
 def pin(
     cfg: EvalConfig, model: torch.nn.Module, prompt_ids: Iterable[Sequence[int]], retriever: object | None
-) -> Fingerprint:
+) -> EvalFingerprint:
     """``build_fingerprint`` of a ``main_eval`` run: its loaded model, its prompts and the retriever it used."""
     from search_rl.templates import TEMPLATE_DIR
 

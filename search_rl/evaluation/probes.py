@@ -33,7 +33,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from retriever_server.corpus import load_corpus, split_contents
+from retriever_server.index.corpus import load_corpus
+from retriever_server.passages import split_contents
 from search_rl.config import ConfigError, EvalConfig
 from search_rl.datatypes import Passage
 from search_rl.evaluation.fingerprint import describe_retriever

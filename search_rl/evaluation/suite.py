@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from search_rl.config import ConfigError, EvalConfig
-from search_rl.data import resolve_data_path
+from search_rl.prompt_data import resolve_data_path
 from search_rl.rollout.retriever_client import RetrieverError
 
 logger = logging.getLogger(__name__)

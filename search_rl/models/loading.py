@@ -196,15 +196,6 @@ def hub_snapshot(repo_id: str) -> Path:
         raise FileNotFoundError(f"model {repo_id!r}: {hint}; fetch it once online or give a local folder") from e
 
 
-def local_model_dir(source: str) -> Path:
-    """The HF folder a non-GGUF, non-``tiny`` source names (a checkpoint folder → its ``actor/``).
-
-    Raises:
-        FileNotFoundError: not a model folder.
-    """
-    return _local_dir(source)
-
-
 def model_dir(source: str) -> Path:
     """The HF folder holding ``source``'s weights (GGUF sources are converted once; not for ``"tiny"``).
 

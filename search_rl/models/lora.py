@@ -48,11 +48,6 @@ def apply_lora(model: nn.Module, rank: int, alpha: int, target_modules: str) -> 
     return get_peft_model(model, config)  # type: ignore[arg-type]
 
 
-def is_lora(model: nn.Module) -> bool:
-    """Whether ``model`` carries peft adapters."""
-    return any(name.endswith(f"lora_A.{ADAPTER}.weight") for name, _ in model.named_parameters())
-
-
 def lora_scaling(model: nn.Module) -> float:
     """``alpha / r`` of ``model``'s adapter."""
     config = getattr(model, "peft_config")[ADAPTER]  # noqa: B009 (peft's attribute, untyped)

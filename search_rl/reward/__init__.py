@@ -11,7 +11,7 @@ from search_rl.reward.qa_em import (
     normalize_answer,
     sub_exact_match,
 )
-from search_rl.reward.registry import REWARDS, RewardFn, compute_reward, reward_fn_for
+from search_rl.reward.scorers import REWARDS, RewardFn, compute_reward, reward_fn_for
 from search_rl.reward.shaping import (
     PARTIAL_CREDITS,
     apply_overlong_penalty,

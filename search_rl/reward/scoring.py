@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
+from search_rl.batches import PromptBatch
 from search_rl.config import RewardConfig
 from search_rl.datatypes import GroundTruth, RewardResult, Trajectory
-from search_rl.protocol import PromptBatch
 from search_rl.reward import apply_overlong_penalty, apply_search_penalty, reward_fn_for, shape_reward
 from search_rl.reward.search_stats import diagnose, summarize
 

@@ -25,6 +25,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from search_rl.batches import PromptBatch
 from search_rl.config import RolloutConfig
 from search_rl.datatypes import (
     Generated,
@@ -37,7 +38,6 @@ from search_rl.datatypes import (
     Trajectory,
     TrajectoryStats,
 )
-from search_rl.protocol import PromptBatch
 from search_rl.rollout.actions import is_search_attempt, parse_action
 from search_rl.rollout.backends.meter import meter_metrics, meter_of
 from search_rl.rollout.engines.base import RolloutEngine

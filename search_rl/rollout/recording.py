@@ -2,7 +2,7 @@
 ``RecordingRetriever`` that writes to it or answers from it around any backend.
 
 Key of one retrieval = sha256 of (normalised query, top-k, backend fingerprint id); value = the passages as the
-backend returned them. The fingerprint (``Fingerprint``) says which search engine answered: the corpus and index of
+backend returned them. The fingerprint (``BackendIdentity``) says which search engine answered: the corpus and index of
 an HTTP retriever (its ``/health``), the web provider and the day, the simulating model and prompt. The store is
 one file a user can copy: WAL journal and a busy timeout, so several processes (Ray workers, generators) write to it
 at once. Modes: ``record`` writes through, ``replay`` answers only from the file (a miss is a ``RecordingMiss``
@@ -43,19 +43,19 @@ class RecordingMiss(RetrieverError):
 
 
 @dataclass(frozen=True)
-class Fingerprint:
+class BackendIdentity:
     """What identifies a search backend's answers: ``backend`` (http, web, simulated) and its facts."""
 
     backend: str
     facts: tuple[tuple[str, str], ...]
 
     @classmethod
-    def of(cls, backend: str, **facts: Any) -> Fingerprint:
+    def of(cls, backend: str, **facts: Any) -> BackendIdentity:
         """A fingerprint from keyword facts (values stringified, ``None`` dropped, sorted)."""
         return cls(backend, tuple(sorted((k, str(v)) for k, v in facts.items() if v is not None)))
 
     @classmethod
-    def parse(cls, description: str) -> Fingerprint:
+    def parse(cls, description: str) -> BackendIdentity:
         """The fingerprint of a ``describe()`` string (as stored in a recording)."""
         facts = dict(json.loads(description))
         return cls(str(facts.pop("backend")), tuple(sorted((k, str(v)) for k, v in facts.items())))
@@ -155,7 +155,7 @@ class RecordingStore:
             conn.close()
             self._local.conn = None
 
-    def add_fingerprint(self, fp: Fingerprint) -> None:
+    def add_fingerprint(self, fp: BackendIdentity) -> None:
         """Register a backend fingerprint (idempotent)."""
         self._conn().execute(
             "INSERT OR IGNORE INTO fingerprints VALUES (?, ?, ?, ?)", (fp.id, fp.backend, fp.describe(), time.time())
@@ -231,7 +231,7 @@ class Backend(Protocol):
 
     async def search(self, queries: Sequence[str], topk: int | None = None) -> list[list[Passage]]: ...
 
-    def fingerprint(self) -> Fingerprint: ...
+    def fingerprint(self) -> BackendIdentity: ...
 
 
 class RecordingRetriever:
@@ -254,7 +254,7 @@ class RecordingRetriever:
         self,
         store: RecordingStore,
         mode: str,
-        fingerprint: Fingerprint,
+        fingerprint: BackendIdentity,
         default_topk: int,
         inner: Backend | None = None,
         on_miss: str = "error",
@@ -270,7 +270,7 @@ class RecordingRetriever:
         if not store.read_only:
             store.add_fingerprint(fingerprint)
 
-    def fingerprint(self) -> Fingerprint:
+    def fingerprint(self) -> BackendIdentity:
         return self.fp
 
     @property

@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from retriever_server.corpus import split_contents
+from retriever_server.passages import split_contents
 from search_rl.config import RetrieverClientConfig
 from search_rl.datatypes import Passage
 

@@ -35,7 +35,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from retriever_server.corpus import load_corpus, split_contents
+from retriever_server.index.corpus import load_corpus
+from retriever_server.passages import split_contents
 from search_rl.sft.rows import read_input, write_output
 from search_rl.sft.trajectories import answer_shown, parse_turns
 from search_rl.tags import THINK_OPEN

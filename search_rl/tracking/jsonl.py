@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from retriever_server.corpus import open_text
+from retriever_server.passages import open_text
 
 
 def jsonl_lines(path: Path) -> Iterator[tuple[int, str]]:

@@ -37,8 +37,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from search_rl.batches import PromptBatch
 from search_rl.datatypes import RewardResult, Trajectory
-from search_rl.protocol import PromptBatch
 from search_rl.reward.search_stats import diagnose
 
 

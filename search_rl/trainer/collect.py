@@ -20,10 +20,10 @@ from typing import Any, Protocol
 
 import torch
 
+from search_rl.batches import BatchMeta, PromptBatch, TrainBatch
 from search_rl.config import AlgorithmConfig, StepSettings
-from search_rl.data import PromptLoader
 from search_rl.datatypes import RewardResult, RolloutResult, Trajectory
-from search_rl.protocol import BatchMeta, PromptBatch, TrainBatch
+from search_rl.prompt_data import PromptLoader
 from search_rl.reward.scoring import reward_metrics, score_trajectories
 from search_rl.reward.search_stats import search_metrics
 from search_rl.seeds import step_seed

@@ -24,8 +24,8 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from search_rl.batches import PromptBatch
 from search_rl.datatypes import RewardResult, Trajectory
-from search_rl.protocol import PromptBatch
 from search_rl.trainer.steps import SUMMED_ROLLOUT_METRICS
 
 logger = logging.getLogger(__name__)

@@ -21,9 +21,9 @@ import numpy as np
 import torch
 
 from search_rl.algorithms.masked import masked_mean
+from search_rl.batches import PromptBatch, TrainBatch
 from search_rl.config import RewardConfig, TrainerConfig
 from search_rl.datatypes import RewardResult, RolloutResult, Trajectory
-from search_rl.protocol import PromptBatch, TrainBatch
 from search_rl.reward.health import HealthMonitor
 from search_rl.reward.scoring import answer_metrics, score_trajectories
 from search_rl.tracking import RolloutDumper, Tracker, timer

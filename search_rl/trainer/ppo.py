@@ -19,8 +19,8 @@ import torch
 
 from search_rl.algorithms import build_kl_controller
 from search_rl.algorithms.masked import masked_mean
+from search_rl.batches import PromptBatch, TrainBatch
 from search_rl.config import AlgorithmConfig, StepSettings
-from search_rl.protocol import PromptBatch, TrainBatch
 from search_rl.reward.health import trajectory_health
 from search_rl.reward.scoring import score_trajectories
 from search_rl.tracking import timer

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from search_rl.data import PromptLoader
-from search_rl.protocol import TrainBatch
+from search_rl.batches import TrainBatch
+from search_rl.prompt_data import PromptLoader
 from search_rl.tracking import timer
 from search_rl.trainer.collect import Workers, sync_actor_engines
 from search_rl.trainer.loop import mean_worker_metrics, throughput_metrics

@@ -16,9 +16,9 @@ import torch
 
 from search_rl.algorithms import ADVANTAGES, AdvantageInputs, KLController, apply_kl_penalty, loss_mask_for
 from search_rl.algorithms.masked import masked_mean
+from search_rl.batches import BatchMeta, PromptBatch, TrainBatch
 from search_rl.config import AlgorithmConfig
 from search_rl.datatypes import RolloutResult, Trajectory
-from search_rl.protocol import BatchMeta, PromptBatch, TrainBatch
 
 SUMMED_ROLLOUT_METRICS = frozenset(
     {

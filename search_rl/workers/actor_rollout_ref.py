@@ -30,6 +30,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from search_rl.algorithms import compute_actor_loss, loss_mask_for
+from search_rl.batches import PromptBatch, TrainBatch
 from search_rl.config import (
     ActorConfig,
     AlgorithmConfig,
@@ -51,7 +52,6 @@ from search_rl.models.lora import (
     save_adapters,
 )
 from search_rl.models.weights import save_hf_folder, tensor_aliases, without_aliases
-from search_rl.protocol import PromptBatch, TrainBatch
 from search_rl.rollout.backends import build_retriever
 from search_rl.rollout.engines.base import RolloutEngine
 from search_rl.rollout.engines.factory import build_engine

@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 
 from search_rl.algorithms import compute_value_loss
+from search_rl.batches import TrainBatch
 from search_rl.config import AlgorithmConfig, CriticConfig, ModelConfig
 from search_rl.models import dtype_of
 from search_rl.models.value_head import ValueModel, build_value_model
-from search_rl.protocol import TrainBatch
 from search_rl.workers import distributed as D
 from search_rl.workers.forward import model_token_count, response_values
 from search_rl.workers.optimization import TrainableModel

@@ -19,8 +19,8 @@ from torch import nn
 from transformers import modeling_utils
 
 from search_rl.algorithms import entropy_from_logits
+from search_rl.batches import TrainBatch
 from search_rl.models.cache_arg import CACHE_KWARG
-from search_rl.protocol import TrainBatch
 from search_rl.workers.shared_prompts import SharedPrompts
 
 LOGITS_MASK_SUPPORTED: bool = hasattr(modeling_utils, "slice_logits_to_keep")

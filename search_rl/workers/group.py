@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from search_rl.protocol import BatchOps
+from search_rl.batches import BatchOps
 from search_rl.workers.distributed import WorkerSpec
 
 logger = logging.getLogger(__name__)

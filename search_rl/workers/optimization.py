@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from search_rl.batches import TrainBatch
 from search_rl.config import OptimConfig
-from search_rl.protocol import TrainBatch
 from search_rl.workers.distributed import WorkerSpec, all_reduce_sum
 
 LossFn = Callable[[TrainBatch], tuple[torch.Tensor, dict[str, float]]]

@@ -17,8 +17,8 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from search_rl.batches import TrainBatch
 from search_rl.models.cache_arg import CACHE_KWARG
-from search_rl.protocol import TrainBatch
 
 
 def prompt_keys(batch: TrainBatch) -> list[tuple[int, ...]]:

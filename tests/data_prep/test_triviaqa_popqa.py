@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 
 from data_prep.formats import NO_ANSWER, InvalidRecord, QARecord, detect_file_format, read_records
 from data_prep.qa_to_parquet import main
-from search_rl.data import read_rows
+from search_rl.prompt_data import read_rows
 
 FORMATS = Path(__file__).parent / "fixtures" / "formats"
 

@@ -53,7 +53,7 @@ def test_build_index_cli_builds_what_the_server_then_loads(tmp_path: Path, small
     cmd = [
         sys.executable,
         "-m",
-        "retriever_server.build_index",
+        "retriever_server.index.build",
         "--corpus",
         str(small_corpus),
         "--method",
@@ -76,7 +76,7 @@ def test_build_index_cli_rejects_a_bad_method(tmp_path: Path, small_corpus: Path
     cmd = [
         sys.executable,
         "-m",
-        "retriever_server.build_index",
+        "retriever_server.index.build",
         "--corpus",
         str(small_corpus),
         "--method",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from search_rl.datatypes import GroundTruth, RewardResult, Trajectory
 from search_rl.reward import REWARDS
-from search_rl.reward.registry import qa_components
+from search_rl.reward.scorers import qa_components
 
 CHECKSUM_REWARD = "test_checksum"
 """The name the reward is registered under (``reward.default=test_checksum``)."""

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from search_rl.batches import TrainBatch
 from search_rl.datatypes import Generated, SamplingParams, Segment, Trajectory, TrajectoryStats
-from search_rl.protocol import TrainBatch
 
 PAD = 0
 

@@ -20,7 +20,7 @@ from search_rl.datatypes import Passage
 from search_rl.rollout.backends.meter import CostMeter, meter_metrics, meter_of
 
 if TYPE_CHECKING:  # recording.py imports the meter from this package: imported lazily below
-    from search_rl.rollout.recording import Fingerprint, RecordingStore
+    from search_rl.rollout.recording import BackendIdentity, RecordingStore
 
 
 class SearchBackend(Protocol):
@@ -31,7 +31,7 @@ class SearchBackend(Protocol):
 
     async def search(self, queries: Sequence[str], topk: int | None = None) -> list[list[Passage]]: ...
 
-    def fingerprint(self) -> Fingerprint: ...
+    def fingerprint(self) -> BackendIdentity: ...
 
     def check_reachable(self) -> None: ...
 
@@ -53,13 +53,13 @@ def build_live_backend(cfg: RetrieverClientConfig) -> SearchBackend:
     raise ValueError(f"retriever.backend={cfg.backend!r} has no live backend (one of http, web, simulated)")
 
 
-def recorded_fingerprint(store: RecordingStore, wanted: str | None) -> Fingerprint:
+def recorded_fingerprint(store: RecordingStore, wanted: str | None) -> BackendIdentity:
     """The fingerprint a replay-only run answers as: ``wanted`` (an id), or the only one in the recording.
 
     Raises:
         ConfigError: the id is not in the file, or the file holds several and none was chosen.
     """
-    from search_rl.rollout.recording import Fingerprint
+    from search_rl.rollout.recording import BackendIdentity
 
     known = {fid: desc for fid, desc, _ in store.fingerprints()}
     if wanted is not None:
@@ -67,14 +67,14 @@ def recorded_fingerprint(store: RecordingStore, wanted: str | None) -> Fingerpri
             raise ConfigError(
                 f"retriever.recording.fingerprint={wanted} is not in {store.path}; it holds {sorted(known) or 'none'}"
             )
-        return Fingerprint.parse(known[wanted])
+        return BackendIdentity.parse(known[wanted])
     if len(known) != 1:
         listing = "; ".join(f"{fid} {desc}" for fid, desc in known.items()) or "no recorded backend"
         raise ConfigError(
             f"retriever.backend=replay: {store.path} holds {len(known)} recorded backends ({listing}); choose one "
             "with retriever.recording.fingerprint=<id>"
         )
-    return Fingerprint.parse(next(iter(known.values())))
+    return BackendIdentity.parse(next(iter(known.values())))
 
 
 def build_retriever(cfg: RetrieverClientConfig) -> SearchBackend:
@@ -103,7 +103,7 @@ def build_retriever(cfg: RetrieverClientConfig) -> SearchBackend:
 
 def backend_manifest(cfg: RetrieverClientConfig, retriever: Any) -> dict[str, Any]:
     """What a run records about its search backend: the backend, its fingerprint and the recording."""
-    fp: Fingerprint | None = retriever.fingerprint() if hasattr(retriever, "fingerprint") else None
+    fp: BackendIdentity | None = retriever.fingerprint() if hasattr(retriever, "fingerprint") else None
     rec = cfg.recording
     mode = "replay" if cfg.backend == "replay" else rec.mode
     return {

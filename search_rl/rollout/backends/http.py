@@ -10,7 +10,7 @@ import httpx
 from search_rl.config import RetrieverClientConfig
 from search_rl.datatypes import Passage
 from search_rl.rollout.backends.meter import CostMeter
-from search_rl.rollout.recording import Fingerprint
+from search_rl.rollout.recording import BackendIdentity
 from search_rl.rollout.retriever_client import RetrieverClient, RetrieverError, describe_failure, start_hint
 
 IDENTITY_FIELDS = ("method", "num_documents", "index_path", "encoder_model", "corpus_sha256", "index_key")
@@ -23,14 +23,14 @@ class HttpBackend(RetrieverClient):
     def __init__(self, cfg: RetrieverClientConfig, transport: httpx.AsyncBaseTransport | None = None) -> None:
         super().__init__(cfg, transport)
         self.meter = CostMeter()
-        self._fingerprint: Fingerprint | None = None
+        self._fingerprint: BackendIdentity | None = None
 
     async def search(self, queries: Sequence[str], topk: int | None = None) -> list[list[Passage]]:
         results = await super().search(queries, topk)
         self.meter.calls += len(queries)
         return results
 
-    def fingerprint(self) -> Fingerprint:
+    def fingerprint(self) -> BackendIdentity:
         """The index behind the first URL, from ``GET /health`` (replicas serve the same index).
 
         Raises:
@@ -51,5 +51,5 @@ class HttpBackend(RetrieverClient):
                     url,
                 )
             health = resp.json()
-            self._fingerprint = Fingerprint.of("http", **{k: health.get(k) for k in IDENTITY_FIELDS})
+            self._fingerprint = BackendIdentity.of("http", **{k: health.get(k) for k in IDENTITY_FIELDS})
         return self._fingerprint

@@ -26,7 +26,7 @@ import httpx
 from search_rl.config.search_backends import SimulatedSearchConfig
 from search_rl.datatypes import Passage, SamplingParams
 from search_rl.rollout.backends.meter import CostMeter
-from search_rl.rollout.recording import Fingerprint
+from search_rl.rollout.recording import BackendIdentity
 from search_rl.rollout.retriever_client import RetrieverError, describe_failure
 
 PROMPT = (
@@ -65,11 +65,11 @@ class SimulatedBackend:
         self._engine: Any = None
         self._tokenizer: Any = None
 
-    def fingerprint(self) -> Fingerprint:
+    def fingerprint(self) -> BackendIdentity:
         c = self.cfg
         writer = {"endpoint": c.endpoint, "endpoint_model": c.endpoint_model} if c.endpoint else {"model": c.model}
         prompt = hashlib.sha256(PROMPT.encode()).hexdigest()[:12]
-        return Fingerprint.of(
+        return BackendIdentity.of(
             "simulated",
             **writer,
             prompt=prompt,

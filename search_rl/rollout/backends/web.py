@@ -26,7 +26,7 @@ from search_rl.config.search_backends import WebSearchConfig
 from search_rl.datatypes import Passage
 from search_rl.rollout.backends.meter import CostMeter
 from search_rl.rollout.backends.providers import provider
-from search_rl.rollout.recording import Fingerprint, PartialResults
+from search_rl.rollout.recording import BackendIdentity, PartialResults
 from search_rl.rollout.retriever_client import RetrieverError, describe_failure
 
 logger = logging.getLogger(__name__)
@@ -98,11 +98,11 @@ class WebBackend:
     def __repr__(self) -> str:  # never the key
         return f"WebBackend(provider={self.cfg.provider}, endpoint={self.endpoint})"
 
-    def fingerprint(self) -> Fingerprint:
+    def fingerprint(self) -> BackendIdentity:
         """Provider, day (web results change), country, language and passage kind."""
         c = self.cfg
         page = c.page_chars if c.passages == "page" else None
-        return Fingerprint.of(
+        return BackendIdentity.of(
             "web",
             provider=c.provider,
             date=self.day,

@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 
 from search_rl.async_rollout import GroupQueue
 from search_rl.async_rollout.groups import assemble, split_groups
+from search_rl.batches import PromptBatch
 from search_rl.datatypes import Trajectory, TrajectoryStats
-from search_rl.protocol import PromptBatch
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from search_rl.batches import PromptBatch
 from search_rl.config import ConfigError, RewardConfig
 from search_rl.configure import load_config
 from search_rl.datatypes import RewardResult, Segment, Trajectory, TrajectoryStats
-from search_rl.protocol import PromptBatch
 from search_rl.reward import apply_overlong_penalty, overlong_penalty
 from search_rl.reward.scoring import score_trajectories
 

@@ -113,7 +113,7 @@ def test_registry_default_and_overrides():
     assert reward_fn_for("nq") is REWARDS.get("qa_em")
     assert reward_fn_for("some_new_source") is REWARDS.get("qa_em"), "unknown sources fall back to the default"
     assert reward_fn_for("nq", {"nq": "qa_f1"}) is REWARDS.get("qa_f1")
-    assert reward_fn_for("x", {"x": "search_rl.reward.registry:qa_subem"}) is REWARDS.get("qa_subem")
+    assert reward_fn_for("x", {"x": "search_rl.reward.scorers:qa_subem"}) is REWARDS.get("qa_subem")
     with pytest.raises(KeyError, match="registered: qa_em, qa_em_format, qa_f1, qa_subem"):
         reward_fn_for("nq", {"nq": "nope"})
 

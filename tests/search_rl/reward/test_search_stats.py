@@ -25,9 +25,9 @@ import torch
 
 import search_rl.reward.search_stats as search_stats_module
 import search_rl.rollout.actions as actions_module
+from search_rl.batches import PromptBatch
 from search_rl.config import RewardConfig
 from search_rl.datatypes import Passage, SearchCall, Segment, Trajectory, TrajectoryStats
-from search_rl.protocol import PromptBatch
 from search_rl.reward import extract_answer
 from search_rl.reward.scoring import answer_metrics, score_trajectories
 from search_rl.reward.search_stats import contains_answer, diagnose, duplicate_queries, search_metrics

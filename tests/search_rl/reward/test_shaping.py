@@ -11,11 +11,11 @@ import itertools
 import pytest
 import torch
 
+from search_rl.batches import PromptBatch
 from search_rl.config import ConfigError, RewardConfig
 from search_rl.configure import load_config
 from search_rl.datatypes import RewardResult, Segment, Trajectory, TrajectoryStats
 from search_rl.main_eval import load_eval_config
-from search_rl.protocol import PromptBatch
 from search_rl.reward import REWARDS, shape_reward
 from search_rl.reward.scoring import answer_metrics, reward_metrics, score_trajectories, share_of_flat_groups
 

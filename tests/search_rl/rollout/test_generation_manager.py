@@ -14,8 +14,8 @@ import pytest
 import torch
 from memory_retriever import InMemoryRetriever, shipped_passages
 
+from search_rl.batches import TrainBatch
 from search_rl.config import RolloutConfig
-from search_rl.protocol import TrainBatch
 from search_rl.rollout.generation_manager import LLMGenerationManager
 from search_rl.rollout.retriever_client import RetrieverError
 from search_rl.tags import (
@@ -31,6 +31,7 @@ from search_rl.tags import (
 @pytest.fixture(scope="module")
 def retriever() -> InMemoryRetriever:
     return InMemoryRetriever(shipped_passages(), topk=2)
+
 
 SEARCH_TWICE_THEN_ANSWER = [
     "<think>I need the film.</think><search> Deadpool 2 release </search>",
@@ -93,9 +94,7 @@ def test_mask_exactness_with_two_searches(tokenizer, retriever, make_scripted_en
     assert result.metrics["rollout/searches_mean"] == 1.0 and result.metrics["rollout/answer_rate"] == 1.0
 
 
-def test_nothing_after_the_stop_string_reaches_the_trajectory(
-    tokenizer, retriever, make_scripted_engine, make_prompt
-):
+def test_nothing_after_the_stop_string_reaches_the_trajectory(tokenizer, retriever, make_scripted_engine, make_prompt):
     p = make_prompt("q")
     script = ["<search> Deadpool 2 </search> LEAKED continuation text", "<answer> x </answer> LEAKED again"]
     engine = make_scripted_engine({tuple(p): script})

@@ -19,8 +19,8 @@ from search_rl.config.search_backends import RecordingConfig
 from search_rl.datatypes import Passage
 from search_rl.rollout.backends import CostMeter, build_retriever, recorded_fingerprint
 from search_rl.rollout.recording import (
+    BackendIdentity,
     Entry,
-    Fingerprint,
     RecordingMiss,
     RecordingRetriever,
     RecordingStore,
@@ -34,9 +34,9 @@ class CountingBackend:
 
     def __init__(self, name: str = "a") -> None:
         self.meter = CostMeter()
-        self.fp = Fingerprint.of("http", method="bm25", num_documents=10, name=name)
+        self.fp = BackendIdentity.of("http", method="bm25", num_documents=10, name=name)
 
-    def fingerprint(self) -> Fingerprint:
+    def fingerprint(self) -> BackendIdentity:
         return self.fp
 
     async def search(self, queries: Sequence[str], topk: int | None = None) -> list[list[Passage]]:
@@ -59,8 +59,8 @@ def test_keys_ignore_whitespace_but_not_case_topk_or_backend():
 
 
 def test_fingerprint_round_trips_through_its_description():
-    fp = Fingerprint.of("web", provider="serper", date="2026-11-26", page_chars=None)
-    assert Fingerprint.parse(fp.describe()) == fp and Fingerprint.parse(fp.describe()).id == fp.id
+    fp = BackendIdentity.of("web", provider="serper", date="2026-11-26", page_chars=None)
+    assert BackendIdentity.parse(fp.describe()) == fp and BackendIdentity.parse(fp.describe()).id == fp.id
     assert dict(fp) == {"id": fp.id, "backend": "web", "provider": "serper", "date": "2026-11-26"}
 
 

@@ -11,13 +11,13 @@ import asyncio
 import pytest
 from memory_retriever import InMemoryRetriever, shipped_passages
 
+from search_rl.batches import PromptBatch
 from search_rl.config import RewardConfig, RolloutConfig
 from search_rl.config.errors import ConfigError
-from search_rl.protocol import PromptBatch
 from search_rl.reward.scoring import score_trajectories
 from search_rl.rollout.backends import CostMeter
 from search_rl.rollout.generation_manager import LLMGenerationManager
-from search_rl.rollout.recording import Fingerprint, RecordingRetriever, RecordingStore
+from search_rl.rollout.recording import BackendIdentity, RecordingRetriever, RecordingStore
 
 SCRIPT = ["<search> Deadpool 2 release </search>", "<search> Nobel Prize in Physics </search>", "<answer> x </answer>"]
 
@@ -29,8 +29,8 @@ class MeteredMemory(InMemoryRetriever):
         super().__init__(shipped_passages(), topk=2)
         self.meter = CostMeter()
 
-    def fingerprint(self) -> Fingerprint:
-        return Fingerprint.of("http", method="memory")
+    def fingerprint(self) -> BackendIdentity:
+        return BackendIdentity.of("http", method="memory")
 
     async def search(self, queries, topk=None):
         self.meter.calls += len(queries)

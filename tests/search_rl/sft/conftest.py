@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from search_rl.config import RetrieverClientConfig
-from search_rl.data import REPO_ROOT
+from search_rl.prompt_data import REPO_ROOT
 from search_rl.rollout.retriever_client import RetrieverClient
 from search_rl.sft.trajectories import contains_answer
 

@@ -10,8 +10,8 @@ import asyncio
 import torch
 from textual.widgets import DataTable, Input, Select, Static
 
+from search_rl.batches import PromptBatch
 from search_rl.datatypes import Passage, RewardResult, SearchCall, Segment, Trajectory, TrajectoryStats
-from search_rl.protocol import PromptBatch
 from search_rl.tools.rollout_viewer import ALL, Filters, RolloutViewer, filter_records, load_records, render_record
 from search_rl.tracking import RolloutDumper
 

@@ -11,8 +11,8 @@ import sys
 import pytest
 import torch
 
+from search_rl.batches import PromptBatch
 from search_rl.datatypes import RewardResult, Segment, Trajectory, TrajectoryStats
-from search_rl.protocol import PromptBatch
 from search_rl.tracking import RolloutDumper, build_tracker, timer
 from search_rl.tracking.jsonl import iter_jsonl, read_jsonl
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import search_rl.trainer.dynamic_sampling as ds
+from search_rl.batches import PromptBatch
 from search_rl.datatypes import RewardResult, Trajectory, TrajectoryStats
-from search_rl.protocol import PromptBatch
 from search_rl.trainer.dynamic_sampling import GroupFilter, ScoredRollouts, groups_with_spread, metric_values
 
 N = 2  # samples per prompt

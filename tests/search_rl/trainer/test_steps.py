@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from search_rl.algorithms import FixedKLController
+from search_rl.batches import BatchMeta, PromptBatch
 from search_rl.config import AlgorithmConfig
 from search_rl.datatypes import RolloutResult, Segment, Trajectory, TrajectoryStats
-from search_rl.protocol import BatchMeta, PromptBatch
 from search_rl.reward.scoring import reward_metrics
 from search_rl.trainer.steps import (
     build_train_batch,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from worker_factory import build_rollout_batch
 
-from search_rl.protocol import TrainBatch
+from search_rl.batches import TrainBatch
 
 
 @pytest.fixture(scope="module")

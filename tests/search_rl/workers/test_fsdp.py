@@ -20,9 +20,9 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 from worker_factory import free_port, make_actor, make_critic, whole
 
+from search_rl.batches import TrainBatch
 from search_rl.config import HFEngineConfig
 from search_rl.models import build_tiny_model
-from search_rl.protocol import TrainBatch
 from search_rl.rollout.engines.hf import HFEngine
 from search_rl.workers import WorkerSpec
 from search_rl.workers import distributed as D

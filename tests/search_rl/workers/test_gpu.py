@@ -12,7 +12,7 @@ import pytest
 import torch
 from worker_factory import make_actor, whole
 
-from search_rl.protocol import TrainBatch
+from search_rl.batches import TrainBatch
 
 pytestmark = pytest.mark.gpu
 

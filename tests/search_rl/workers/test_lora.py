@@ -13,9 +13,9 @@ import torch
 from transformers import AutoModelForCausalLM
 from worker_factory import make_actor, whole
 
+from search_rl.batches import TrainBatch
 from search_rl.models import build_tiny_model
 from search_rl.models.lora import ADAPTER_DIR, apply_lora, lora_scaling, merged_state_dict
-from search_rl.protocol import TrainBatch
 from search_rl.workers.forward import response_logprobs
 
 pytestmark = pytest.mark.slow  # LoRA actor updates, several seconds each

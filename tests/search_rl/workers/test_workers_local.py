@@ -18,7 +18,7 @@ from worker_factory import free_port as _free_port
 from worker_factory import make_actor as _actor
 from worker_factory import make_critic, whole
 
-from search_rl.protocol import TrainBatch
+from search_rl.batches import TrainBatch
 from search_rl.workers.actor_rollout_ref import ActorRolloutRefWorker
 
 

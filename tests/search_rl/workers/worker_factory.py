@@ -8,6 +8,7 @@ import socket
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from search_rl.batches import BatchMeta, TrainBatch
 from search_rl.config import (
     ActorConfig,
     AlgorithmConfig,
@@ -18,8 +19,7 @@ from search_rl.config import (
     RetrieverClientConfig,
     TrainRolloutConfig,
 )
-from search_rl.data import PromptDataset, read_rows
-from search_rl.protocol import BatchMeta, TrainBatch
+from search_rl.prompt_data import PromptDataset, read_rows
 from search_rl.trainer.steps import build_train_batch, compute_advantages, place_scores
 from search_rl.workers import WorkerSpec
 from search_rl.workers.actor_rollout_ref import ActorRolloutRefWorker

@@ -1,0 +1,1 @@
+"""The HTTP API: the FastAPI app, its routes, request/response schemas, guards, limits, batching and errors."""
