@@ -1,8 +1,11 @@
-"""``rollout.engine=auto``: vLLM where it is installed and can run the model, else the HF engine.
+"""``rollout.engine=auto``: vLLM where it is installed and can run the model, else the static engine on GPU and the
+HF engine on CPU.
 
 On the 2-core CPU the search rollout of SmolLM2-135M generates 1.39x the tokens/s with vLLM (bench/README.md,
 "Rollout engines"), so vLLM is the default wherever it is installed; its CPU attention needs a head dimension of 32
-or more, so smaller models (the built-in ``tiny``) stay on the HF engine there.
+or more, so smaller models (the built-in ``tiny``) stay on the HF engine there. Without vLLM, a GPU gets the static
+engine (CUDA-graph decoding; the HF engine's decode step is launch-bound there), a CPU the HF engine (it drops
+finished rows from the batch, which the compute-bound CPU step needs more than fixed shapes).
 """
 
 from __future__ import annotations
@@ -35,9 +38,9 @@ def head_dim(model_path: str) -> int:
 
 def choose_engine(model_path: str, gpu: bool) -> tuple[str, str]:
     """``(engine, why)`` for ``rollout.engine=auto``: ``vllm`` when it is installed and (on CPU) the model's heads
-    are wide enough, else ``hf``."""
+    are wide enough, else ``static`` on GPU and ``hf`` on CPU."""
     if not vllm_installed():
-        return "hf", "vLLM is not installed"
+        return ("static", "vLLM is not installed; GPU: CUDA-graph decoding") if gpu else ("hf", "vLLM is not installed")
     if not gpu:
         dim = head_dim(model_path)
         if dim < VLLM_CPU_MIN_HEAD_DIM:

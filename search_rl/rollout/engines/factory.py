@@ -19,6 +19,10 @@ from search_rl.models import dtype_of, load_model, model_dir
 from search_rl.models.weights import save_hf_folder, tensor_aliases
 from search_rl.rollout.engines.base import RolloutEngine
 from search_rl.rollout.engines.hf import HFEngine
+from search_rl.rollout.engines.static import StaticEngine
+
+MODEL_ENGINES = ("hf", "static")
+"""Engines that generate with the in-process model copy handed to ``build_engine`` (the others load an export)."""
 
 
 class EngineSettings(Protocol):
@@ -49,12 +53,13 @@ def build_engine(
         model: the engine's own full copy of the policy (the HF engine generates with it; moved to ``device`` in
             place); None when only an engine that loads from disk is possible.
         export: writes the current policy as an HF folder into the given directory and returns it (vLLM loads it).
-        device: where the HF engine runs.
+        device: where the HF or static engine runs.
         seed: the engine's seed (``seeds.engine_seed``).
         name: a label for the export folder.
 
     Raises:
-        ValueError: ``cfg.engine`` is ``hf`` but no model was given, or still ``auto`` (an unresolved config).
+        ValueError: ``cfg.engine`` is ``hf`` or ``static`` but no model was given, or still ``auto`` (an unresolved
+            config).
     """
     if cfg.engine == "auto":
         raise ValueError("rollout.engine=auto is chosen when the config is resolved (search_rl.configure.resolve)")
@@ -70,8 +75,10 @@ def build_engine(
             seed=seed,
         )
     if model is None:
-        raise ValueError("build_engine: the hf engine needs the model it generates with")
+        raise ValueError(f"build_engine: the {cfg.engine} engine needs the model it generates with")
     torch.nn.Module.to(model, device)  # in place
+    if cfg.engine == "static":
+        return StaticEngine(model, tokenizer, cfg.hf)
     return HFEngine(model, tokenizer, cfg.hf)
 
 

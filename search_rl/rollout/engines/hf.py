@@ -134,7 +134,7 @@ class HFEngine:
         while True:
             if self.logits_processor is not None:
                 logits = self.logits_processor([prompts[i] for i in active], [tokens[i] for i in active], logits)
-            next_tok, next_lp = _sample(logits, params, gen)  # (R,), (R,)
+            next_tok, next_lp = sample_tokens(logits, params, gen)  # (R,), (R,)
             tok_list, lp_list = next_tok.tolist(), next_lp.tolist()
             for row, i in enumerate(active):
                 tokens[i].append(tok_list[row])
@@ -142,8 +142,8 @@ class HFEngine:
             tails = self.tokenizer.batch_decode([tokens[i][-window:] for i in active]) if stops else []
             keep: list[int] = []
             for row, i in enumerate(active):
-                reason, stop_str = self._finish(
-                    tokens[i][-1], tails[row] if stops else "", stops, len(tokens[i]), limits[i]
+                reason, stop_str = finish_reason(
+                    tokens[i][-1], tails[row] if stops else "", stops, len(tokens[i]), limits[i], self._eos
                 )
                 if reason is None:
                     keep.append(row)
@@ -238,23 +238,25 @@ class HFEngine:
         )
         return out.logits[:, -1, :].float()
 
-    def _finish(
-        self, last: int, tail: str, stops: tuple[str, ...], n_generated: int, limit: int
-    ) -> tuple[FinishReason | None, str | None]:
-        """Why a sample ends after its latest token, or (None, None) if it goes on."""
-        if last in self._eos:
-            return "eos", None
-        # A stop string cannot have been complete before this token (the sample would have ended), so any stop
-        # string found in the decoded tail ends in the latest token.
-        found = [s for s in stops if s in tail]
-        if found:
-            return "stop", min(found, key=tail.find)
-        if n_generated >= limit:
-            return "length", None
-        return None, None
+
+def finish_reason(
+    last: int, tail: str, stops: tuple[str, ...], n_generated: int, limit: int, eos: tuple[int, ...]
+) -> tuple[FinishReason | None, str | None]:
+    """Why a sample ends after its latest token ``last`` (``tail``: its last few tokens decoded), or (None, None) if
+    it goes on."""
+    if last in eos:
+        return "eos", None
+    # A stop string cannot have been complete before this token (the sample would have ended), so any stop
+    # string found in the decoded tail ends in the latest token.
+    found = [s for s in stops if s in tail]
+    if found:
+        return "stop", min(found, key=tail.find)
+    if n_generated >= limit:
+        return "length", None
+    return None, None
 
 
-def _sample(
+def sample_tokens(
     logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row; return (token ids (R,), their log-probs (R,))."""

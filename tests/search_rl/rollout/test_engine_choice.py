@@ -1,4 +1,5 @@
-"""``rollout.engine=auto``: vLLM where installed and able to run the model (head_dim >= 32 on CPU), else HF."""
+"""``rollout.engine=auto``: vLLM where installed and able to run the model (head_dim >= 32 on CPU), else the static
+engine on GPU and HF on CPU."""
 
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ def _model_dir(tmp_path: Path, hidden: int, heads: int) -> str:
     return str(tmp_path)
 
 
-def test_without_vllm_the_hf_engine_is_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_vllm_gpu_gets_the_static_engine_and_cpu_the_hf_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(choice, "vllm_installed", lambda: False)
-    assert choose_engine("tiny", gpu=True) == ("hf", "vLLM is not installed")
+    assert choose_engine("tiny", gpu=True)[0] == "static"
+    assert choose_engine("tiny", gpu=False) == ("hf", "vLLM is not installed")
 
 
 def test_with_vllm_the_cpu_choice_follows_the_head_dimension(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

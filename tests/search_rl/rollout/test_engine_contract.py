@@ -1,4 +1,5 @@
-"""The ``RolloutEngine`` contract, checked on every backend: HF always; vLLM when installed (skipped otherwise).
+"""The ``RolloutEngine`` contract, checked on every backend: HF and static always; vLLM when installed (skipped
+otherwise).
 
 The checks are model-agnostic (a random model, frequent one-character stop strings), so the same assertions hold
 for any engine: one result per prompt in order, nothing after a stop, limits honoured, greedy deterministic.
@@ -15,6 +16,7 @@ from search_rl.datatypes import SamplingParams
 from search_rl.models import build_tiny_model
 from search_rl.rollout.engines.base import RolloutEngine
 from search_rl.rollout.engines.hf import HFEngine
+from search_rl.rollout.engines.static import StaticEngine
 
 STOPS = ("e", "a")  # frequent characters: a random model hits them within a few tokens
 
@@ -39,10 +41,12 @@ def vllm_engine(tiny_dir):
     return VLLMEngine(str(tiny_dir), settings=VLLMEngineConfig(kv_cache_gib=0.25))
 
 
-@pytest.fixture(params=["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
+@pytest.fixture(params=["hf", "static", pytest.param("vllm", marks=pytest.mark.vllm)])
 def engine(request, tiny_model, tokenizer) -> RolloutEngine:
     if request.param == "hf":
         return HFEngine(tiny_model, tokenizer)
+    if request.param == "static":
+        return StaticEngine(tiny_model, tokenizer)
     return request.getfixturevalue("vllm_engine")
 
 

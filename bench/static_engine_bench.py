@@ -1,0 +1,108 @@
+"""Generation tokens/s of the HF engine and the static engine (static KV cache; CUDA-graph decoding on CUDA), on
+whatever device is present, same prompts and sampling.
+
+Each engine generates ``--new-tokens`` tokens (temperature 1, seeded, the rollout's stop strings checked every step)
+for ``--seqs`` random prompts of ``--prompt-tokens`` tokens; tokens/s = generated tokens / wall time of one call,
+after a first, untimed call of the same shape (which captures the static engine's graphs; its time is printed as
+``first_s``). Models have random weights: ``tiny`` (the test model) or a real architecture's shapes (``--arch``,
+those of ``bench/gpu_check.py``).
+
+    python bench/static_engine_bench.py --arch tiny --seqs 64 256 --prompt-tokens 64 --new-tokens 32   # CPU
+    python bench/static_engine_bench.py --arch qwen2.5-3b --dtype bfloat16 --seqs 64 256                # GPU
+
+One line per (engine, seqs): ``static_engine_bench engine=<e> arch=<a> device=<d> seqs=<n> tok_s=<x> first_s=<s>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+from search_rl.config import HFEngineConfig
+from search_rl.datatypes import SamplingParams
+from search_rl.models import build_tiny_model, load_tokenizer
+from search_rl.rollout.engines.base import RolloutEngine
+from search_rl.rollout.engines.hf import HFEngine
+from search_rl.rollout.engines.static import StaticEngine
+from search_rl.tags import STOP_STRINGS
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_check import ARCHS  # noqa: E402
+
+
+def build_model(arch: str, tokenizer, dtype: torch.dtype, device: torch.device) -> transformers.PreTrainedModel:  # type: ignore[no-untyped-def]
+    """A random-weight model of ``arch`` (``tiny``: the tests' 2-layer Llama) in ``dtype`` on ``device``."""
+    if arch == "tiny":
+        model = build_tiny_model(tokenizer, seed=0)
+    else:
+        spec = ARCHS[arch]
+        config = getattr(transformers, spec.config_class)(
+            **spec.fields,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        torch.manual_seed(0)
+        with torch.device(device):  # a large model's init is slow on CPU
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    torch.nn.Module.to(model, device=device, dtype=dtype)
+    return model.eval()
+
+
+def time_call(
+    engine: RolloutEngine, prompts: list[list[int]], params: SamplingParams, device: torch.device
+) -> tuple[float, int]:
+    """(wall seconds, generated tokens) of one ``generate`` call."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = engine.generate(prompts, params)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, sum(len(g.token_ids) for g in out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", choices=["tiny", *sorted(ARCHS)], default="tiny")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default=None, help="default: bf16 on CUDA, else fp32")
+    ap.add_argument("--seqs", type=int, nargs="+", default=[64, 256])
+    ap.add_argument("--prompt-tokens", type=int, default=256)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--max-batch-size", type=int, default=64, help="rollout.hf.max_batch_size of both engines")
+    ap.add_argument("--engines", nargs="+", choices=["hf", "static"], default=["hf", "static"])
+    args = ap.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+    tokenizer = load_tokenizer()
+    model = build_model(args.arch, tokenizer, dtype, device)
+    cfg = HFEngineConfig(max_batch_size=args.max_batch_size)
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    print(f"{args.arch}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, {dtype}, {name}")
+    params = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, stop=STOP_STRINGS, seed=0)
+    gen = torch.Generator().manual_seed(0)
+    for seqs in args.seqs:
+        prompts = torch.randint(100, min(len(tokenizer), 40000), (seqs, args.prompt_tokens), generator=gen).tolist()
+        for engine_name in args.engines:
+            engine: RolloutEngine = (
+                HFEngine(model, tokenizer, cfg) if engine_name == "hf" else StaticEngine(model, tokenizer, cfg)
+            )
+            first, _ = time_call(engine, prompts, params, device)
+            seconds, tokens = time_call(engine, prompts, params, device)
+            tok_s = tokens / seconds
+            print(
+                f"static_engine_bench engine={engine_name} arch={args.arch} device={name.replace(' ', '_')} "
+                f"seqs={seqs} tok_s={tok_s:.0f} first_s={first:.2f}"
+            )
+            del engine
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
