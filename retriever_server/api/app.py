@@ -11,7 +11,6 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 from fastapi import FastAPI
 
@@ -21,41 +20,39 @@ from retriever_server.api.middleware import GuardMiddleware
 from retriever_server.api.openapi import install_openapi
 from retriever_server.api.routes import router
 from retriever_server.api.schemas import LoadProgress
-from retriever_server.api.service import SearchService
-from retriever_server.api.state import AppState
-from retriever_server.index.build import index_path, load_retriever
+from retriever_server.api.service import CorpusDocuments, SearchService
+from retriever_server.api.state import AppState, IndexLoader, LoadedIndex, ProgressFn
+from retriever_server.identity import index_identity
+from retriever_server.index.build import load_retriever
 from retriever_server.index.corpus import load_corpus
-from retriever_server.settings import Method, Settings, get_settings
+from retriever_server.settings import Settings, get_settings
 
 logger = logging.getLogger("retriever_server")
 
 
-def _load_blocking(state: AppState) -> tuple[Any, Any]:
+def load_local_index(settings: Settings, progress: ProgressFn) -> LoadedIndex:
+    """The corpus and index of ``settings`` in this process, built the first time (the default loader)."""
+    progress("reading corpus", 0, 0)
+    corpus = load_corpus(settings.corpus_path, settings.docstore_root(), progress=progress)
+    retriever = load_retriever(corpus, settings, progress=progress)
+    return LoadedIndex(CorpusDocuments(corpus), retriever, index_identity(corpus, settings, progress))
+
+
+async def _load(state: AppState, loader: IndexLoader) -> None:
     s = state.settings
     t0 = time.monotonic()
 
     def report(stage: str, done: int, total: int) -> None:  # shown by GET /health while loading
         state.progress = LoadProgress(stage=stage, done=done, total=total, elapsed_s=round(time.monotonic() - t0, 1))
 
-    report("reading corpus", 0, 0)
-    corpus = load_corpus(s.corpus_path, s.docstore_root(), progress=report)
-    retriever = load_retriever(corpus, s, progress=report)
-    method = Method.dense if s.method is Method.hybrid else s.method
-    prebuilt = s.prebuilt_index is not None and method is Method.dense
-    state.index_path = str(s.prebuilt_index if prebuilt else index_path(corpus, method, s))
-    return corpus, retriever
-
-
-async def _load(state: AppState) -> None:
-    s = state.settings
     try:
-        corpus, retriever = await asyncio.to_thread(_load_blocking, state)
+        index = await asyncio.to_thread(loader, s, report)
     except Exception as e:  # process boundary: report through /health instead of dying silently
         logger.exception("loading the %s index failed", s.method.value)
         state.error = f"{type(e).__name__}: {e}"
         return
     batcher = QueryBatcher(
-        retriever,
+        index.retriever,
         s.batch_max_queries,
         s.batch_max_wait_ms / 1000,
         state.metrics,
@@ -64,24 +61,30 @@ async def _load(state: AppState) -> None:
         max_queue_wait_s=s.max_queue_wait_s,
     )
     batcher.start()
-    state.service = SearchService(corpus, batcher, s.method.value, s.cache_size, state.metrics)
-    state.metrics.documents.set(len(corpus))
+    state.index = index
+    state.service = SearchService(index.documents, batcher, s.method.value, s.cache_size, state.metrics)
+    state.metrics.documents.set(len(index.documents))
     state.metrics.ready.set(1)
-    logger.info("retriever ready: %s over %d documents", s.method.value, len(corpus))
+    logger.info("retriever ready: %s over %d documents", s.method.value, len(index.documents))
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    """Build the app; the index loads in the background once the server starts."""
+def create_app(settings: Settings | None = None, loader: IndexLoader = load_local_index) -> FastAPI:
+    """Build the app; the index loads in the background once the server starts.
+
+    Args:
+        loader: loads the index (in a worker thread); the Ray Serve ingress passes one that fans out to its shards,
+            so both servers share every route, limit, error answer, guard, cache and the load shedding.
+    """
     state = AppState(settings=settings or get_settings())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if not logging.getLogger().handlers:
             logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        loader = asyncio.create_task(_load(state))
+        loading = asyncio.create_task(_load(state, loader))
         yield
-        loader.cancel()
-        await asyncio.gather(loader, return_exceptions=True)
+        loading.cancel()
+        await asyncio.gather(loading, return_exceptions=True)
         if state.service is not None:
             await state.service.batcher.close()
 

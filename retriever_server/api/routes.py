@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
@@ -16,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from retriever_server.api.deps import ServiceDep, StateDep
 from retriever_server.api.errors import without_paths
 from retriever_server.api.schemas import ErrorMessage, Health, RetrieveRequest, RetrieveResponse
+from retriever_server.identity import search_settings
 
 router = APIRouter()
 T = TypeVar("T")
@@ -81,11 +81,14 @@ async def retrieve(req: RetrieveRequest, request: Request, state: StateDep, serv
     hits = await _unless_disconnected(request, service.search(req.queries, topk))
     if hits is None:
         return Response(status_code=499)  # client closed the request (nginx's code): nobody reads this
-    doc = service.corpus.document
+    docs = await service.documents.rows(hits)
     if req.return_scores:
-        result: list[list[dict]] = [[{"document": doc(p), "score": s} for p, s in row] for row in hits]
+        result: list[list[dict]] = [
+            [{"document": d, "score": s} for d, (_, s) in zip(drow, row, strict=True)]
+            for drow, row in zip(docs, hits, strict=True)
+        ]
     else:
-        result = [[doc(p) for p, _ in row] for row in hits]
+        result = docs
     # The dicts already have the response's exact shape: skip re-validating thousands of nested models and
     # serialise with orjson (several times faster than json for these bodies).
     return Response(orjson.dumps({"result": result}), media_type="application/json")
@@ -93,19 +96,23 @@ async def retrieve(req: RetrieveRequest, request: Request, state: StateDep, serv
 
 @router.get("/health", response_model=Health, responses={503: {"model": Health}})
 async def health(state: StateDep) -> JSONResponse:
-    """200 with index facts once ready; 503 while loading (with the build's progress) or after a failed load."""
+    """200 with what the server searches once ready; 503 while loading (with the build's progress) or after a failed
+    load. ``corpus_sha256``, ``index_key`` and ``search_settings`` identify its answers (``identity.py``)."""
     s = state.settings
     body = Health(
-        status="loading", method=s.method.value, encoder_model=s.encoder_model if s.method != "bm25" else None
+        status="loading",
+        method=s.method.value,
+        encoder_model=without_paths(s.encoder_model) if s.method != "bm25" else None,
+        search_settings=search_settings(s),
     )
-    if state.service is not None:
-        body.status, body.num_documents = "ready", len(state.service.corpus)
-        body.index_path = Path(state.index_path).name if state.index_path else None
+    if state.service is not None and state.index is not None:
+        body.status, body.num_documents, body.shards = "ready", len(state.service.documents), state.index.shards
+        ident = state.index.identity
+        body.index_path, body.corpus_sha256, body.index_key = ident.index_name, ident.corpus_sha256, ident.index_key
     elif state.error is not None:
         body.status, body.error = "failed", without_paths(state.error) + " (full message in the server log)"
     else:
         body.progress = state.progress
-    body.encoder_model = without_paths(body.encoder_model) if body.encoder_model else None
     return JSONResponse(body.model_dump(), status_code=200 if body.status == "ready" else 503)
 
 

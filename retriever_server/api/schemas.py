@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationInfo,
+)
 
 # A query must contain a character this pattern matches. Python's \s and JSON Schema's (ECMA-262) differ on exactly
 # \x1c-\x1f, \x85 and \ufeff; naming them makes the pattern mean the same to the server and to any client that
@@ -27,6 +38,19 @@ def _check_query(q: str) -> str:
     return q
 
 
+def _whole_number(value: object, info: ValidationInfo) -> object:
+    """Take a JSON number without a fractional part as an integer (``54.0`` -> 54), as JSON Schema's ``integer``
+    does: clients that write every number as a float send such values. Refuse ``54.5``, NaN, infinities and
+    booleans by name; strings and other types go on to ``StrictInt``, which refuses them."""
+    if isinstance(value, bool):
+        raise ValueError(f"{info.field_name} must be a whole number, not the boolean {str(value).lower()}")
+    if isinstance(value, float):
+        if not math.isfinite(value) or not value.is_integer():
+            raise ValueError(f"{info.field_name} must be a whole number; {value!r} is not")
+        return int(value)
+    return value
+
+
 Query = Annotated[
     StrictStr, Field(json_schema_extra={"minLength": 1, "pattern": HAS_TEXT}), AfterValidator(_check_query)
 ]
@@ -42,7 +66,9 @@ class RetrieveRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     queries: list[Query]
-    topk: StrictInt | None = Field(default=None, ge=1)
+    # 3 and 3.0 are 3; 3.5, NaN, 1e400, true and "3" are refused. (The bound goes before the validator: after it,
+    # pydantic writes "ge" into the JSON schema instead of "minimum".)
+    topk: Annotated[StrictInt, Field(ge=1), BeforeValidator(_whole_number)] | None = None
     return_scores: StrictBool = False
 
 
@@ -80,12 +106,36 @@ class LoadProgress(BaseModel):
     """Seconds since loading started."""
 
 
+class ShardInfo(BaseModel):
+    """One shard of a Ray Serve index."""
+
+    index: str
+    """The shard's index file name."""
+    rows: int
+    offset: int
+    """The shard's first global corpus row."""
+    node: str
+    """The Ray node of the replica that answered."""
+
+
 class Health(BaseModel):
+    """What the server searches, and whether it is ready. ``corpus_sha256``, ``index_key`` and ``search_settings``
+    identify its answers: two servers that report the same three answer the same queries the same way."""
+
     status: Literal["loading", "ready", "failed"]
     method: str
     num_documents: int | None = None
     index_path: str | None = None
+    """The index folder's or file's name (no directories)."""
     encoder_model: str | None = None
+    corpus_sha256: str | None = None
+    """sha256 of the corpus file's bytes (once ready)."""
+    index_key: str | None = None
+    """Changes with the index's content or build settings (``retriever_server.identity``; once ready)."""
+    search_settings: dict[str, str | int | float | bool | None] | None = None
+    """The search-time settings that change answers: nprobe, efSearch, query prefix, encoder, RRF's k, default top-k."""
+    shards: list[ShardInfo] | None = None
+    """Ray Serve: the shards, in row order."""
     error: str | None = None
     progress: LoadProgress | None = None
     """While loading: the build step under way (e.g. ``encoding corpus``, 2048 of 16430 passages)."""

@@ -1,6 +1,8 @@
-"""Search service: the LRU result cache in front of the query batcher, turning hits into documents."""
+"""Search service: the LRU result cache in front of the query batcher, and where the documents of hits come from."""
 
 from __future__ import annotations
+
+from typing import Protocol
 
 from cachetools import LRUCache
 
@@ -10,13 +12,41 @@ from retriever_server.index.corpus import Corpus
 
 Hit = tuple[int, float]
 """(corpus position, score)."""
+Document = dict[str, str]
+"""``{"id", "contents"}``, as Search-R1 returns a corpus row."""
+
+
+class Documents(Protocol):
+    """The documents at ranked positions: the local corpus, or the shards of a Ray Serve index."""
+
+    def __len__(self) -> int: ...
+
+    async def rows(self, hits: list[list[Hit]]) -> list[list[Document]]:
+        """The document of every hit, in the shape of ``hits``."""
+        ...
+
+
+class CorpusDocuments:
+    """Documents read from a corpus in this process (a memory-mapped store: a lookup is a slice)."""
+
+    def __init__(self, corpus: Corpus) -> None:
+        self.corpus = corpus
+
+    def __len__(self) -> int:
+        return len(self.corpus)
+
+    async def rows(self, hits: list[list[Hit]]) -> list[list[Document]]:
+        doc = self.corpus.document
+        return [[doc(p) for p, _ in row] for row in hits]
 
 
 class SearchService:
     """Answers lists of queries with ranked (position, score) hits, caching recent (query, top-k, method) results."""
 
-    def __init__(self, corpus: Corpus, batcher: QueryBatcher, method: str, cache_size: int, metrics: ServiceMetrics):
-        self.corpus = corpus
+    def __init__(
+        self, documents: Documents, batcher: QueryBatcher, method: str, cache_size: int, metrics: ServiceMetrics
+    ) -> None:
+        self.documents = documents
         self.batcher = batcher
         self.method = method
         self.metrics = metrics

@@ -1,13 +1,34 @@
-"""What the app holds while it runs: settings, metrics and, once loaded, the search service."""
+"""What the app holds while it runs: settings, metrics and, once loaded, the index and the search service."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from retriever_server.api.metrics import ServiceMetrics
-from retriever_server.api.schemas import LoadProgress
-from retriever_server.api.service import SearchService
+from retriever_server.api.schemas import LoadProgress, ShardInfo
+from retriever_server.api.service import Documents, SearchService
+from retriever_server.identity import IndexIdentity
+from retriever_server.retrievers.base import Retriever
 from retriever_server.settings import Settings
+
+ProgressFn = Callable[[str, int, int], None]
+"""``progress(stage, done, total)``: what loading is doing, shown by ``GET /health``."""
+
+
+@dataclass(frozen=True)
+class LoadedIndex:
+    """What an index loader hands the app: where hits come from, their documents, and what ``/health`` reports."""
+
+    documents: Documents
+    retriever: Retriever
+    identity: IndexIdentity
+    shards: list[ShardInfo] | None = None
+    """Ray Serve: each shard's rows and node."""
+
+
+IndexLoader = Callable[[Settings, ProgressFn], LoadedIndex]
+"""Loads (or builds) the index in a worker thread; the one-process server's is ``app.load_local_index``."""
 
 
 @dataclass
@@ -15,7 +36,7 @@ class AppState:
     settings: Settings
     metrics: ServiceMetrics = field(default_factory=ServiceMetrics)
     service: SearchService | None = None
-    index_path: str | None = None
+    index: LoadedIndex | None = None
     error: str | None = None
     """Why loading failed, if it did."""
     progress: LoadProgress | None = None

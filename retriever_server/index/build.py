@@ -71,10 +71,18 @@ def index_path(corpus: Corpus, method: Method, settings: Settings) -> Path:
     return settings.index_dir / f"{method.value}-{index_key(corpus.sha256, method, settings)}"
 
 
-def _make_encoder(settings: Settings) -> Encoder:
+def make_encoder(settings: Settings) -> Encoder:
+    """The query/passage encoder that ``settings`` configure (the prefixes resolved)."""
     q, p = settings.resolved_prefixes()
     return Encoder(
-        settings.encoder_model, q, p, query_batch_size=settings.query_batch_size, device=settings.encoder_device
+        settings.encoder_model,
+        q,
+        p,
+        query_batch_size=settings.query_batch_size,
+        device=settings.encoder_device,
+        backend=settings.encoder_backend,
+        threads=settings.encoder_threads or settings.torch_threads,
+        cache_dir=settings.index_dir / "encoders",
     )
 
 
@@ -171,7 +179,7 @@ def build_index(
 
             from retriever_server.retrievers.dense import build_faiss_index
 
-            enc = encoder or _make_encoder(settings)
+            enc = encoder or make_encoder(settings)
             partial = target.with_name(target.name + ".partial")
             root = None if export_to is not None else shipped_root
             embeddings, source = _dense_embeddings(corpus, settings, enc, partial, root, progress)
@@ -197,7 +205,7 @@ def _load_one(corpus: Corpus, method: Method, settings: Settings, progress: Prog
         from retriever_server.retrievers.dense import FaissDenseRetriever, read_faiss_index
 
         progress("loading encoder", 0, 0)
-        encoder = _make_encoder(settings)
+        encoder = make_encoder(settings)
         if settings.prebuilt_index is not None:
             path = settings.prebuilt_index
         else:

@@ -1,9 +1,12 @@
 """The retriever as a Ray Serve application: encoder replicas for throughput, index shards for corpora larger than a
-machine, the same ``POST /retrieve`` contract outside (so the trainer's client does not change).
+machine, the same HTTP service outside (so the trainer's client does not change).
 
-    ingress (FastAPI, N replicas)  encode the queries of concurrent requests in one batch (``serve.batch``)
-        -> every shard (M replicas each)  search its FAISS index, return global positions and their documents
-        <- merge into one top-k per query (``retrievers.sharded.merge_topk``)
+    ingress (N replicas)  the one-process server's app (``api.app.create_app``): its routes, request limits, error
+                          answers, guard middleware, LRU cache, query batching and load shedding, with a loader that
+                          encodes each batch of queries here and fans it out to
+        -> every shard (M replicas each)  search its FAISS index, return global positions
+        <- merged into one top-k per query (``retrievers.sharded.merge_topk``); the documents at the positions
+           answered are then fetched from the shards that hold them
 
 A shard is an index file over consecutive corpus rows plus a corpus: either a store holding exactly those rows
 (``index_convert --shards K --corpus C`` writes both), or the whole corpus (then the shard reads rows
@@ -15,28 +18,42 @@ A shard is an index file over consecutive corpus rows plus a corpus: either a st
 
 Other settings (encoder, prefixes, nprobe, efSearch, limits) are the ``RETRIEVER_*`` variables of the CLI's shell.
 """
-# No ``from __future__ import annotations`` here: Serve's class-based routes need the real annotation objects (with
-# strings, FastAPI reads a ``RetrieveRequest`` body as a query parameter).
+
+from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
+import inspect
 import logging
 import signal
 import threading
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI
+from ray import __version__ as ray_version
 from ray import serve
 
-from retriever_server.api.schemas import RetrieveRequest
+from retriever_server.api.app import create_app
+from retriever_server.api.schemas import ShardInfo
+from retriever_server.api.service import Document, Hit
+from retriever_server.api.state import LoadedIndex, ProgressFn
+from retriever_server.identity import file_sha256, shards_identity
+from retriever_server.retrievers.encoder import Encoder
 from retriever_server.retrievers.sharded import merge_topk
-from retriever_server.settings import Settings
+from retriever_server.settings import Method, Settings
 
 logger = logging.getLogger(__name__)
-app = FastAPI(title="search-rl retriever (Ray Serve)")
+
+if inspect.signature(serve.ingress).parameters["app"].default is inspect.Parameter.empty:
+    raise ImportError(
+        f"the Ray Serve retriever builds its app in each replica (serve.ingress() with __serve_build_asgi_app__), "
+        f"which Ray {ray_version} lacks; upgrade: pip install -U 'ray[serve]' (2.60 is tested)"
+    )
 
 
 @dataclass(frozen=True)
@@ -50,7 +67,7 @@ class ShardSpec:
 
 @serve.deployment
 class IndexShard:
-    """Searches one shard's index; answers global positions and the documents at them."""
+    """Searches one shard's index and looks up the documents at its global positions."""
 
     def __init__(self, spec: dict[str, Any], settings: dict[str, Any]) -> None:
         from retriever_server.index.corpus import load_corpus
@@ -67,83 +84,103 @@ class IndexShard:
                 f"{len(self.corpus)} rows (neither this shard's rows nor the whole corpus)"
             )
         self.offset, self.doc_base = shard.offset, 0 if own_rows else shard.offset
+        self.index_file = Path(shard.index_path)
+        self.index_sha256 = file_sha256(self.index_file, s.index_dir)
         set_search_params(self.index, s.hnsw_ef_search, s.ivf_nprobe)
 
-    def search(self, vectors: np.ndarray, topk: int) -> tuple[np.ndarray, np.ndarray, dict[int, dict[str, str]]]:
-        """(scores, global positions, {global position: document}) for each query row."""
+    def search(self, vectors: np.ndarray, topk: int) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, global positions) for each query row, both ``(Q, topk)``; -1 marks an empty slot."""
         scores, local = self.index.search(vectors, topk)
-        docs = {int(p) + self.offset: self.corpus.document(int(p) + self.doc_base) for p in np.unique(local) if p >= 0}
-        return scores, np.where(local >= 0, local + self.offset, -1), docs
+        return scores, np.where(local >= 0, local + self.offset, -1)
+
+    def documents(self, positions: list[int]) -> dict[int, Document]:
+        """The documents at these global positions (all within this shard)."""
+        return {p: self.corpus.document(p - self.offset + self.doc_base) for p in positions}
 
     def describe(self) -> dict[str, Any]:
-        """This replica's rows and the Ray node it runs on."""
+        """This shard's rows, file, hashes and the Ray node this replica runs on."""
         import ray
 
-        return {"rows": int(self.index.ntotal), "offset": self.offset, "node": ray.get_runtime_context().get_node_id()}
+        return {
+            "index": self.index_file.name,
+            "rows": int(self.index.ntotal),
+            "offset": self.offset,
+            "node": ray.get_runtime_context().get_node_id(),
+            "dim": int(self.index.d),
+            "index_sha256": self.index_sha256,
+            "corpus_sha256": self.corpus.sha256,
+        }
+
+
+class ShardFanout:
+    """A ``Retriever`` over every shard: encodes the queries here, searches each shard, merges their top-k. It runs
+    in the batcher's worker thread, so waiting for the shards blocks nothing else."""
+
+    name = "dense"
+
+    def __init__(self, encoder: Encoder, shards: list[Any]) -> None:
+        self.encoder = encoder
+        self.shards = shards
+
+    def search(self, queries: list[str], topk: int) -> tuple[np.ndarray, np.ndarray]:
+        vectors = self.encoder.encode_queries(queries)  # (Q, dim)
+        pending = [shard.search.remote(vectors, topk) for shard in self.shards]
+        answers = [p.result() for p in pending]
+        return merge_topk([a[0] for a in answers], [a[1] for a in answers], topk)
+
+
+class ShardDocuments:
+    """The documents of hits, fetched from the shards that hold them (one call per shard concerned)."""
+
+    def __init__(self, shards: list[Any], infos: list[ShardInfo]) -> None:
+        self.shards, self.offsets = shards, [info.offset for info in infos]  # in row order
+        self.total = sum(info.rows for info in infos)
+
+    def __len__(self) -> int:
+        return self.total
+
+    async def rows(self, hits: list[list[Hit]]) -> list[list[Document]]:
+        wanted: dict[int, list[int]] = {}
+        for p in {p for row in hits for p, _ in row}:
+            wanted.setdefault(bisect.bisect_right(self.offsets, p) - 1, []).append(p)
+        found: dict[int, Document] = {}
+        for part in await asyncio.gather(*(self.shards[i].documents.remote(ps) for i, ps in wanted.items())):
+            found |= part
+        return [[found[p] for p, _ in row] for row in hits]
+
+
+def load_shards(shards: list[Any], settings: Settings, progress: ProgressFn) -> LoadedIndex:
+    """The ingress's index loader: the encoder here, the shards' facts, and the identity ``/health`` reports."""
+    from retriever_server.index.build import make_encoder
+
+    progress("loading encoder", 0, 0)
+    encoder = make_encoder(settings)
+    progress("waiting for shards", 0, len(shards))
+    facts = [shard.describe.remote().result() for shard in shards]
+    for f in facts:
+        if f["dim"] != encoder.dim:
+            raise ValueError(
+                f"shard {f['index']} has dimension {f['dim']} but encoder {settings.encoder_model!r} gives "
+                f"{encoder.dim}; serve the encoder the index was built with (RETRIEVER_ENCODER_MODEL)"
+            )
+    order = sorted(range(len(shards)), key=lambda i: int(facts[i]["offset"]))
+    infos = [ShardInfo.model_validate({k: facts[i][k] for k in ShardInfo.model_fields}) for i in order]
+    documents = ShardDocuments([shards[i] for i in order], infos)
+    return LoadedIndex(documents, ShardFanout(encoder, shards), shards_identity(facts), infos)
 
 
 @serve.deployment
-@serve.ingress(app)
+@serve.ingress()
 class RetrieverIngress:
-    """Encodes queries (batched across concurrent requests), fans out to every shard, merges the top-k."""
+    """Serves the one-process server's app (every route, check and answer) over the shards."""
 
     def __init__(self, shards: list[Any], settings: dict[str, Any]) -> None:
-        from retriever_server.index.build import _make_encoder
-
-        self.settings = Settings(**settings)
-        self.encoder = _make_encoder(self.settings)
         self.shards = shards
+        self.settings = Settings(**settings)
 
-    @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.005)
-    async def _search(self, requests: list[tuple[list[str], int]]) -> list[list[list[tuple[dict[str, str], float]]]]:
-        queries = [q for qs, _ in requests for q in qs]
-        k = max(topk for _, topk in requests)
-        vectors = await asyncio.to_thread(self.encoder.encode_queries, queries)  # (Q, dim)
-        answers = await asyncio.gather(*(shard.search.remote(vectors, k) for shard in self.shards))
-        docs: dict[int, dict[str, str]] = {}
-        for _, _, shard_docs in answers:
-            docs |= shard_docs
-        scores, positions = merge_topk([a[0] for a in answers], [a[1] for a in answers], k)
-        out, row = [], 0
-        for qs, topk in requests:
-            out.append(
-                [
-                    [
-                        (docs[int(p)], float(s))
-                        for p, s in zip(positions[r, :topk], scores[r, :topk], strict=True)
-                        if p >= 0
-                    ]
-                    for r in range(row, row + len(qs))
-                ]
-            )
-            row += len(qs)
-        return out
-
-    @app.post("/retrieve")
-    async def retrieve(self, req: RetrieveRequest) -> dict[str, Any]:
-        """Top-k documents per query, in Search-R1's response shape."""
-        s = self.settings
-        topk = req.topk if req.topk is not None else s.default_topk
-        if topk > s.max_topk or len(req.queries) > s.max_queries_per_request:
-            raise HTTPException(422, f"topk <= {s.max_topk} and at most {s.max_queries_per_request} queries")
-        if not req.queries:
-            return {"result": []}
-        hits = await self._search((req.queries, topk))
-        if req.return_scores:
-            return {"result": [[{"document": d, "score": sc} for d, sc in row] for row in hits]}
-        return {"result": [[d for d, _ in row] for row in hits]}
-
-    @app.get("/health")
-    async def health(self) -> dict[str, Any]:
-        """Ready once every shard answered its size."""
-        shards = await asyncio.gather(*(shard.describe.remote() for shard in self.shards))
-        return {
-            "status": "ready",
-            "method": "dense",
-            "num_documents": sum(d["rows"] for d in shards),
-            "shards": shards,
-            "encoder_model": self.settings.encoder_model,
-        }
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        """Called by Ray Serve after ``__init__``: the app this replica serves."""
+        return create_app(self.settings, partial(load_shards, self.shards))
 
 
 def build_app(
@@ -157,7 +194,7 @@ def build_app(
     """The Serve application: ``ingress_replicas`` encoders over ``len(shards)`` shards of ``shard_replicas`` each."""
     if not shards:
         raise ValueError("a Ray Serve retriever needs at least one shard (--shard INDEX,CORPUS)")
-    conf = settings.model_dump(mode="json")
+    conf = settings.model_copy(update={"method": Method.dense, "prebuilt_index": None}).model_dump(mode="json")
     handles = [
         IndexShard.options(  # type: ignore[attr-defined]
             name=f"IndexShard{i}", num_replicas=shard_replicas, ray_actor_options={"num_cpus": shard_cpus}
@@ -203,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
     serve.start(http_options={"host": args.host, "port": args.port, "location": "HeadOnly"})
     application = build_app(
         parse_shards(args.shard),
-        Settings(),
+        Settings(host=args.host),  # the guard accepts the bind host in the Host header
         args.ingress_replicas,
         args.shard_replicas,
         args.ingress_cpus,
