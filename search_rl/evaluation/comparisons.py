@@ -4,6 +4,9 @@ reader says a difference is intended.
 ``model`` differences are intended by default (comparing models is the point of the table); ``packages`` are not:
 a transformers upgrade can change greedy decoding. Intended differences are named by a dotted key or a prefix of
 one (``retriever`` allows every retriever key, ``retriever.topk`` only the top-k).
+
+A row that cannot be checked is refused too, unless named: one without a fingerprint (``--allow fingerprint``), one
+whose retriever said nothing to pin it on (``retriever.unpinned``: ``--allow retriever.unpinned``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,10 @@ DEFAULT_INTENDED = ("model",)
 """Fingerprint sections that may differ without being named (``compare_evals --allow``)."""
 MISSING = "<absent>"
 """How a key one fingerprint has and another lacks is shown."""
+NO_FINGERPRINT = "fingerprint"
+"""The ``--allow`` key of rows without a fingerprint (evaluated before fingerprints existed)."""
+UNPINNED = "unpinned"
+"""The key a fingerprint section holds, with the reason, when what it describes could not be pinned."""
 
 
 def _intended(key: str, allow: Sequence[str]) -> bool:
@@ -55,35 +62,66 @@ def describe(diffs: Mapping[str, list[Any]], names: Sequence[str]) -> list[str]:
     return [f"{k}: " + ", ".join(f"{n}={_show(v)}" for n, v in zip(names, vs, strict=True)) for k, vs in diffs.items()]
 
 
+def gaps(names: Sequence[str], fingerprints: Sequence[Mapping[str, Any] | None]) -> dict[str, list[str]]:
+    """What cannot be checked, by ``--allow`` key: ``fingerprint`` (rows without one) and ``<section>.unpinned``
+    (rows whose section says why it is not pinned), each with a line per row.
+
+    >>> gaps(["a", "b"], [None, {"retriever": {"backend": "http", "unpinned": "no /health"}}])
+    {'fingerprint': ['a: no fingerprint'], 'retriever.unpinned': ['b: retriever not pinned (no /health)']}
+    """
+    out: dict[str, list[str]] = {}
+    for name, fp in zip(names, fingerprints, strict=True):
+        if fp is None:
+            out.setdefault(NO_FINGERPRINT, []).append(f"{name}: no fingerprint")
+            continue
+        for section, body in fp.items():
+            if isinstance(body, Mapping) and UNPINNED in body:
+                out.setdefault(f"{section}.{UNPINNED}", []).append(f"{name}: {section} not pinned ({body[UNPINNED]})")
+    return out
+
+
 def check_comparable(
     names: Sequence[str],
     fingerprints: Sequence[Mapping[str, Any] | None],
     allow: Sequence[str] = (),
 ) -> list[str]:
-    """The intended differences between the runs' fingerprints, described; refuses unintended ones.
+    """The intended differences between the runs' fingerprints, described; refuses unintended ones and rows that
+    cannot be checked (``gaps``) unless ``allow`` names them.
 
     Args:
         names: the runs' names, in table order.
-        fingerprints: their fingerprints (None for an evaluation made before fingerprints existed: noted, not
-            checked).
-        allow: intended differences besides ``DEFAULT_INTENDED`` (dotted keys or prefixes).
+        fingerprints: their fingerprints (None for an evaluation made before fingerprints existed).
+        allow: intended differences besides ``DEFAULT_INTENDED`` (dotted keys or prefixes), ``fingerprint`` for rows
+            without one, ``retriever.unpinned`` for rows whose retriever was not pinned.
 
     Returns:
-        The lines naming the runs without a fingerprint and describing the intended differences (empty when the
-        fingerprints agree).
+        The lines naming the allowed gaps and describing the intended differences (empty when the fingerprints
+        agree).
 
     Raises:
-        ValueError: differences not allowed, each named with every run's value and the ``--allow`` that would accept
-            it.
+        ValueError: a row without a fingerprint or with an unpinned section, or a difference, that ``allow`` does not
+            name; each named with the row (or every run's value) and the ``--allow`` that would accept it.
     """
-    unpinned = [n for n, fp in zip(names, fingerprints, strict=True) if fp is None]
-    notes = [f"not pinned (evaluated before fingerprints, not checked): {', '.join(unpinned)}"] if unpinned else []
+    if len(names) < 2:
+        return []
+    allowed = (*DEFAULT_INTENDED, *allow)
+    found = gaps(names, fingerprints)
+    refused_gaps = {k: v for k, v in found.items() if not _intended(k, allowed)}
+    if refused_gaps:
+        raise ValueError(
+            "these evaluations cannot be checked against each other:\n  "
+            + "\n  ".join(
+                f"{line} (to compare it unchecked: --allow {k})" for k, v in refused_gaps.items() for line in v
+            )
+            + "\nPin them by evaluating again with main_eval (against a retriever that answers GET /health), or name "
+            "each gap with --allow"
+        )
+    notes = [f"{line}: not checked (--allow {k})" for k, v in found.items() for line in v]
     pinned = [(n, fp) for n, fp in zip(names, fingerprints, strict=True) if fp is not None]
     if len(pinned) < 2:
         return notes
-    diffs = differences([fp for _, fp in pinned])
+    diffs = {k: v for k, v in differences([fp for _, fp in pinned]).items() if k not in found}
     shown = [n for n, _ in pinned]
-    allowed = (*DEFAULT_INTENDED, *allow)
     refused = {k: v for k, v in diffs.items() if not _intended(k, allowed)}
     if refused:
         sections = sorted({k.split(".")[0] for k in refused})

@@ -4,12 +4,15 @@
 with different fingerprints in one table unless the differences are named as intended. Sections:
 
 - ``model``: the weights' sha256 (over the loaded tensors, so a GGUF, a checkpoint and the ``tiny`` model are
-  hashed alike), the source path and the compute dtype;
+  hashed alike) and the source path;
+- ``engine``: the rollout engine that generated (``hf``, ``static`` or ``vllm``: what ``engine=auto`` resolved to)
+  and the dtype it really ran in (the HF model's parameters; the dtype vLLM reports it loaded, the folder's own);
 - ``template``: the baseline, the template file's sha256 (``no_search``/``naive_rag``) and the sha256 of every
   evaluated prompt's token ids (the ``search`` baseline's prompt is baked into the rows);
 - ``budgets``: turns, token budgets, decoding (greedy, or ``n_samples`` at a temperature);
-- ``retriever``: what the retriever's ``GET /health`` reports (method, documents, index key, which hashes the corpus
-  file and the index settings, encoder) plus top-k, or the dict a search backend describes itself with;
+- ``retriever``: what the retriever's ``GET /health`` reports (method, documents, corpus sha256, index key, which
+  changes with the index's content and build settings, the query-time ``search_settings`` such as nprobe, encoder)
+  plus top-k, or the dict a search backend describes itself with; ``unpinned`` with the reason when it said nothing;
 - ``data``: sha256 of every dataset file, the subset size and seed;
 - ``reward``: the scoring settings;
 - ``packages``: versions of python, torch, transformers, search-rl (and vllm when installed).
@@ -31,35 +34,16 @@ import torch
 
 from retriever_server.passages import file_sha256
 from search_rl.config import EvalConfig
+from search_rl.models.identity import weights_sha256
 from search_rl.prompt_data import resolve_data_path
+from search_rl.rollout.backends.http import identity_facts
 
 logger = logging.getLogger(__name__)
 
 PACKAGES = ("search-rl", "torch", "transformers", "vllm")
 """Distributions whose versions are pinned (absent ones are left out)."""
-HEALTH_KEYS = ("method", "num_documents", "index_path", "encoder_model", "corpus_sha256")
-"""The fields of the retriever's ``GET /health`` that describe what it searches (``index_path`` is the index key:
-``<method>-<sha256 of corpus sha256, method and index settings>``)."""
 
 EvalFingerprint = dict[str, dict[str, Any]]
-
-
-def weights_sha256(model: torch.nn.Module) -> str:
-    """sha256 over the names, dtypes, shapes and bytes of a model's parameters and buffers, in name order.
-
-    >>> import torch
-    >>> a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
-    >>> b.load_state_dict(a.state_dict())
-    <All keys matched successfully>
-    >>> weights_sha256(a) == weights_sha256(b)
-    True
-    """
-    h = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        t = tensor.detach().to("cpu").contiguous()
-        h.update(f"{name}\0{t.dtype}\0{tuple(t.shape)}\n".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
 
 
 def prompts_sha256(prompt_ids: Iterable[Sequence[int]]) -> str:
@@ -75,7 +59,7 @@ def prompts_sha256(prompt_ids: Iterable[Sequence[int]]) -> str:
 
 
 def retriever_health(url: str, timeout_s: float = 10.0) -> dict[str, Any]:
-    """The retriever's description from ``GET {url}/health`` (the ``HEALTH_KEYS`` it reports).
+    """The retriever's description from ``GET {url}/health`` (its ``IDENTITY_FIELDS``, as ``HttpBackend`` pins them).
 
     Raises:
         ValueError: the retriever did not answer 200 with a JSON object (so the result cannot be pinned).
@@ -87,7 +71,22 @@ def retriever_health(url: str, timeout_s: float = 10.0) -> dict[str, Any]:
         raise ValueError(f"retriever {url}/health gave no description to pin the evaluation on: {e}") from e
     if resp.status_code != 200 or not isinstance(body, dict):
         raise ValueError(f"retriever {url}/health answered {resp.status_code} {resp.text[:200]}: not ready")
-    return {k: body[k] for k in HEALTH_KEYS if body.get(k) is not None}
+    return identity_facts(body)
+
+
+ENGINE_NAMES = {"HFEngine": "hf", "StaticEngine": "static", "VLLMEngine": "vllm"}
+"""``actor_rollout_ref.rollout.engine`` names of the engine classes (what ``engine=auto`` resolved to)."""
+
+
+def engine_identity(engine: object) -> dict[str, str]:
+    """The rollout engine that generated and the dtype it really ran in: the dtype vLLM reports it loaded (the model
+    folder's own, whatever ``model.dtype`` says), else the dtype of the engine's model's parameters."""
+    dtype = getattr(engine, "dtype", None)
+    model = getattr(engine, "model", None)
+    if dtype is None and isinstance(model, torch.nn.Module):
+        dtype = next(model.parameters()).dtype
+    name = ENGINE_NAMES.get(type(engine).__name__, type(engine).__name__)
+    return {"name": name, **({"dtype": str(dtype).removeprefix("torch.")} if dtype is not None else {})}
 
 
 def package_versions() -> dict[str, str]:
@@ -114,6 +113,7 @@ def build_fingerprint(
     prompts: str,
     data_files: Sequence[str],
     retriever: Mapping[str, Any] | None,
+    engine: Mapping[str, str],
     template_file: Path | None = None,
 ) -> EvalFingerprint:
     """The fingerprint of one evaluation (sections in the module docstring).
@@ -125,6 +125,7 @@ def build_fingerprint(
         data_files: the resolved dataset files.
         retriever: the backend's description (``retriever_health`` or a backend's own fingerprint), None when the
             evaluation does not search; ``topk`` is added here.
+        engine: ``engine_identity`` of the engine that generated.
         template_file: the baseline's template file, if it has one.
     """
     r = cfg.rollout
@@ -146,7 +147,8 @@ def build_fingerprint(
     if cfg.baseline == "naive_rag":
         template["rag_topk"] = cfg.rag_topk
     fp: EvalFingerprint = {
-        "model": {"weights_sha256": weights, "path": cfg.model.path, "dtype": cfg.model.dtype},
+        "model": {"weights_sha256": weights, "path": cfg.model.path},
+        "engine": dict(engine),
         "template": template,
         "budgets": budgets,
         "retriever": {"backend": "none"} if retriever is None else {**retriever, "topk": cfg.retriever.topk},
@@ -195,9 +197,14 @@ def describe_retriever(cfg: EvalConfig, retriever: object | None) -> dict[str, A
 
 
 def pin(
-    cfg: EvalConfig, model: torch.nn.Module, prompt_ids: Iterable[Sequence[int]], retriever: object | None
+    cfg: EvalConfig,
+    model: torch.nn.Module,
+    engine: object,
+    prompt_ids: Iterable[Sequence[int]],
+    retriever: object | None,
 ) -> EvalFingerprint:
-    """``build_fingerprint`` of a ``main_eval`` run: its loaded model, its prompts and the retriever it used."""
+    """``build_fingerprint`` of a ``main_eval`` run: its loaded model, the engine that generated, its prompts and the
+    retriever it used."""
     from search_rl.templates import TEMPLATE_DIR
 
     template = TEMPLATE_DIR / f"{cfg.baseline}.txt" if cfg.baseline != "search" else None
@@ -207,5 +214,6 @@ def pin(
         prompts=prompts_sha256(prompt_ids),
         data_files=cfg.data.files,
         retriever=describe_retriever(cfg, retriever),
+        engine=engine_identity(engine),
         template_file=template if template is not None and template.is_file() else None,
     )

@@ -15,9 +15,10 @@ and then with the retriever replaced by a probe, each a ``Retriever`` wrapping t
 
 The report gives, per condition, EM, its drop from the real retriever, searches per question and the share of answers
 copied verbatim from an ``<information>`` block. A policy whose EM with random passages is within ``--tolerance`` of
-its EM with the real retriever is flagged: its answers do not depend on the evidence. The last stdout line is
-``probes em=<x> empty=<drop> random=<drop> ... grounded=<yes|no>``; ``probes.md`` and ``probes.json`` go to
-``<output_dir>/probes-<time>/``.
+its EM with the real retriever is flagged: its answers do not depend on the evidence. Without the ``random`` probe
+(``--probes empty``) grounding is not measured, and the report says only what ran. The last stdout line is
+``probes em=<x> empty=<drop> random=<drop> ... grounded=<yes|no|not_measured>``; ``probes.md`` and ``probes.json``
+(``"grounded"``: the same three values) go to ``<output_dir>/probes-<time>/``.
 """
 
 from __future__ import annotations
@@ -31,13 +32,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from retriever_server.index.corpus import load_corpus
 from retriever_server.passages import split_contents
 from search_rl.config import ConfigError, EvalConfig
 from search_rl.datatypes import Passage
 from search_rl.evaluation.fingerprint import describe_retriever
+from search_rl.evaluation.run import evaluate, load_eval_config
 from search_rl.rollout.backends import build_retriever
 from search_rl.rollout.generation_manager import Retriever
 from search_rl.rollout.retriever_client import RetrieverError
@@ -46,6 +48,8 @@ logger = logging.getLogger(__name__)
 
 PROBES = ("empty", "random", "shuffled", "gold_removed", "closed_book")
 """Probe names, in report order."""
+Grounded = Literal["yes", "no", "not_measured"]
+"""The verdict: EM falls with random passages (``yes``), it does not (``no``), or ``random`` did not run."""
 DEFAULT_CORPUS = "data/corpus/wiki_mini.jsonl.gz"
 DEFAULT_GOLD = "data/datasets/gold_passages.jsonl"
 EXTRA_FOR_GOLD = 10
@@ -191,11 +195,8 @@ def build_probe(name: str, cfg: EvalConfig, corpus: Path, gold_file: Path, row_i
 
 def run_probes(
     cfg: EvalConfig, probes: Sequence[str], corpus: Path, gold_file: Path, tolerance: float
-) -> tuple[list[Condition], bool]:
-    """Evaluate the real retriever and every probe; returns the conditions and whether the policy is grounded (its
-    EM with random passages more than ``tolerance`` below the real one's; True when ``random`` was not run)."""
-    from search_rl.main_eval import evaluate
-
+) -> tuple[list[Condition], Grounded]:
+    """Evaluate the real retriever and every probe; returns the conditions and the verdict (``grounding``)."""
     root = Path(cfg.output_dir) / f"probes-{time.strftime('%Y%m%d-%H%M%S')}"
     conditions = [_condition("retriever", evaluate(replace(cfg, output_dir=str(root / "retriever"))))]
     row_ids = _row_ids(conditions[0].folder)
@@ -206,8 +207,7 @@ def run_probes(
         else:
             result = evaluate(sub, retriever=build_probe(name, cfg, corpus, gold_file, row_ids))
         conditions.append(_condition(name, result))
-    by_name = {c.name: c for c in conditions}
-    grounded = "random" not in by_name or by_name["random"].em < by_name["retriever"].em - tolerance
+    grounded = grounding(conditions, tolerance)
     (root / "probes.md").write_text(report(conditions, grounded) + "\n")
     (root / "probes.json").write_text(
         json.dumps({"grounded": grounded, "conditions": [_as_dict(c) for c in conditions]}, indent=1)
@@ -233,7 +233,21 @@ def _row_ids(folder: Path) -> set[str]:
     return {str(rec["uid"]) for _, rec in iter_jsonl(folder / "trajectories.jsonl")}
 
 
-def report(conditions: Sequence[Condition], grounded: bool) -> str:
+def grounding(conditions: Sequence[Condition], tolerance: float) -> Grounded:
+    """``yes`` when the EM with random passages is more than ``tolerance`` below the real retriever's (the first
+    condition), ``no`` when it is not, ``not_measured`` when ``random`` did not run.
+
+    >>> real, rand = Condition("retriever", 0.4, 1.0, None, Path()), Condition("random", 0.1, 1.0, None, Path())
+    >>> grounding([real, rand], 0.02), grounding([real, replace(rand, em=0.39)], 0.02), grounding([real], 0.02)
+    ('yes', 'no', 'not_measured')
+    """
+    random_em = next((c.em for c in conditions if c.name == "random"), None)
+    if random_em is None:
+        return "not_measured"
+    return "yes" if random_em < conditions[0].em - tolerance else "no"
+
+
+def report(conditions: Sequence[Condition], grounded: Grounded) -> str:
     """Markdown: one row per condition with EM, its drop from the real retriever, searches, copy rate; the verdict."""
     base = conditions[0].em
     lines = [
@@ -243,7 +257,10 @@ def report(conditions: Sequence[Condition], grounded: bool) -> str:
     for c in conditions:
         copy = "–" if c.copy_rate is None else f"{c.copy_rate:.3f}"
         lines.append(f"| {c.name} | {c.em:.3f} | {base - c.em:+.3f} | {c.searches:.2f} | {copy} |")
-    if grounded:
+    if grounded == "not_measured":
+        ran = ", ".join(c.name for c in conditions)
+        verdict = f"grounding not measured: the random probe did not run (ran: {ran}); add it with --probes random"
+    elif grounded == "yes":
         verdict = "grounded: EM falls when the passages are random"
     elif base <= 0:
         verdict = "FLAGGED: EM is 0 with the real retriever: nothing the evidence could explain"
@@ -254,7 +271,6 @@ def report(conditions: Sequence[Condition], grounded: bool) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from search_rl.logging_setup import MESSAGE_FORMAT, configure_logging
-    from search_rl.main_eval import load_eval_config
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--probes", default=",".join(PROBES), help=f"comma-separated, from {','.join(PROBES)}")
@@ -278,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sys.stdout.write(report(conditions, grounded) + "\n")
     drops = " ".join(f"{c.name}={conditions[0].em - c.em:+.4f}" for c in conditions[1:])
-    sys.stdout.write(f"probes em={conditions[0].em:.4f} {drops} grounded={'yes' if grounded else 'no'}\n")
+    sys.stdout.write(f"probes em={conditions[0].em:.4f} {drops} grounded={grounded}\n")
     return 0
 
 

@@ -122,6 +122,17 @@ def _entry(row: sqlite3.Row | tuple[Any, ...]) -> Entry:
     return Entry(key, fp, query, int(topk), tuple(Passage(**p) for p in json.loads(passages)), float(created))
 
 
+def sqlite_uri(path: str | Path, mode: str) -> str:
+    """The SQLite ``file:`` URI of ``path`` opened in ``mode`` (``ro``, ``rw``, ``rwc``), the path percent-escaped: a
+    bare ``#``, ``?`` or ``%`` in a file name would end the path there (``run#2.sqlite`` would open ``run``) and drop
+    ``mode``.
+
+    >>> sqlite_uri("/tmp/run #2?.sqlite", "ro")
+    'file:///tmp/run%20%232%3F.sqlite?mode=ro'
+    """
+    return f"{Path(path).absolute().as_uri()}?mode={mode}"
+
+
 class RecordingStore:
     """The SQLite file of a recording. One connection per process and thread (sqlite3 connections are neither
     fork- nor thread-safe); every write is its own committed transaction, so nothing is lost when a run stops."""
@@ -138,7 +149,7 @@ class RecordingStore:
         if conn is None or getattr(self._local, "pid", None) != os.getpid():
             if not self.read_only:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-            uri = f"file:{self.path}?mode={'ro' if self.read_only else 'rwc'}"
+            uri = sqlite_uri(self.path, "ro" if self.read_only else "rwc")
             conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
             conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             if not self.read_only:
@@ -211,7 +222,7 @@ class RecordingStore:
     def merge_from(self, other: str | Path) -> int:
         """Copy the fingerprints and entries of another recording that this one lacks; returns the entries added."""
         conn = self._conn()
-        conn.execute("ATTACH DATABASE ? AS other", (f"file:{Path(other)}?mode=ro",))
+        conn.execute("ATTACH DATABASE ? AS other", (sqlite_uri(other, "ro"),))
         try:
             conn.execute("BEGIN IMMEDIATE")
             conn.execute("INSERT OR IGNORE INTO fingerprints SELECT * FROM other.fingerprints")

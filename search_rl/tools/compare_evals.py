@@ -9,9 +9,12 @@ difference more than noise on these questions?). Rows must cover the same questi
 the folders and the count of questions each has alone.
 
 Rows must also have been made the same way: their fingerprints (``metrics.json``'s ``fingerprint``, written by
-``main_eval``: retriever and corpus, top-k, template, budgets, data files, packages) must agree except in the model,
-or the command refuses and names every difference. ``--allow retriever.topk`` (a dotted key or a section such as
-``retriever``) says a difference is intended; intended differences are printed under the table.
+``main_eval``: retriever, corpus, index and search settings, top-k, engine and dtype, template, budgets, data files,
+packages) must agree except in the model, or the command refuses and names every difference. ``--allow
+retriever.topk`` (a dotted key or a section such as ``retriever``) says a difference is intended; intended
+differences are printed under the table. A row that cannot be checked is refused as well: one without a fingerprint
+(made before fingerprints existed: ``--allow fingerprint`` compares it unchecked) and one whose retriever gave nothing
+to pin it on (``--allow retriever.unpinned``).
 """
 
 from __future__ import annotations
@@ -148,7 +151,8 @@ def report(runs: list[EvalRun], allow: tuple[str, ...] = ()) -> str:
     differences of the runs' fingerprints.
 
     Raises:
-        ValueError: fingerprints differ in a key ``allow`` does not name (``evaluation.comparisons``).
+        ValueError: fingerprints differ in a key ``allow`` does not name, or a row has none or an unpinned section
+            (``evaluation.comparisons``).
     """
     intended = check_comparable([r.name for r in runs], [r.fingerprint for r in runs], allow)
     n = len(runs[0].em)
@@ -179,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="KEY",
-        help="an intended fingerprint difference: a dotted key (retriever.topk) or a section (retriever); repeatable",
+        help="an intended fingerprint difference: a dotted key (retriever.topk) or a section (retriever); or a gap "
+        "to accept: fingerprint (rows without one), retriever.unpinned; repeatable",
     )
     args = ap.parse_args(argv)
     try:

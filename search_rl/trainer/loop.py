@@ -17,18 +17,20 @@ import random
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import numpy as np
 import torch
 
-from search_rl.algorithms.masked import masked_mean
-from search_rl.batches import PromptBatch, TrainBatch
+from search_rl.batches import PromptBatch
 from search_rl.config import RewardConfig, TrainerConfig
-from search_rl.datatypes import RewardResult, RolloutResult, Trajectory
 from search_rl.reward.health import HealthMonitor
 from search_rl.reward.scoring import answer_metrics, score_trajectories
-from search_rl.tracking import RolloutDumper, Tracker, timer
+from search_rl.state_files import load_state, numpy_rng_state, set_numpy_rng_state
+from search_rl.tracking import Tracker, timer
 from search_rl.trainer.checkpoint import TRAINER_STATE, CheckpointManager
-from search_rl.trainer.collect import Workers, sync_actor_engines
+from search_rl.trainer.collect import sync_actor_engines
+from search_rl.trainer.dump import RunDumper
+from search_rl.workers import Workers
+from search_rl.workers.actor_rollout_ref import ActorRolloutRefWorker
+from search_rl.workers.critic import CriticWorker
 
 logger = logging.getLogger(__name__)
 
@@ -55,34 +57,6 @@ class Validation:
     response_width: int
 
 
-class RunDumper:
-    """Writes a step's rollouts with their advantages (``trainer.dump_rollouts``; None: dumps are off)."""
-
-    def __init__(self, dumper: RolloutDumper | None) -> None:
-        self.dumper = dumper
-
-    def dump(
-        self,
-        kind: str,
-        step: int,
-        prompts: PromptBatch,
-        trajectories: list[Trajectory],
-        results: list[RewardResult],
-        batch: TrainBatch | None,
-        weight_version: int,
-    ) -> None:
-        if self.dumper is None:
-            return
-        advantages = None
-        if batch is not None and batch.advantages is not None and batch.loss_mask is not None:
-            advantages = masked_mean(batch.advantages, batch.loss_mask, dim=-1).tolist()
-        self.dumper.dump(kind, step, prompts, trajectories, results, advantages, weight_version)
-
-    def rewind(self, step: int) -> None:
-        if self.dumper is not None:
-            self.dumper.rewind(step)
-
-
 class TrainingLoop:
     """``fit()`` runs ``step`` from the latest checkpoint (or the start) to ``trainer.total_training_steps``.
 
@@ -102,8 +76,8 @@ class TrainingLoop:
         cfg: TrainerConfig,
         step: Step,
         *,
-        actor: Workers,
-        critic: Workers | None,
+        actor: Workers[ActorRolloutRefWorker],
+        critic: Workers[CriticWorker] | None,
         validation: Validation | None,
         tracker: Tracker,
         checkpoints: CheckpointManager,
@@ -145,7 +119,7 @@ class TrainingLoop:
         """Greedy rollouts of the validation prompts; EM / sub-EM / F1, answer rate, searches per data source."""
         assert self.validation is not None
         v = self.validation
-        results: list[RolloutResult] = self.actor.map_shards("generate", v.prompts, greedy=True, seed=0)
+        results = self.actor.map_shards(ActorRolloutRefWorker.generate, v.prompts, greedy=True, seed=0)
         trajectories = [t for r in results for t in r.trajectories]
         scores = score_trajectories(trajectories, v.prompts, v.reward, v.response_width)
         self.dumper.dump("val", self.step, v.prompts, trajectories, scores, None, self.step)
@@ -160,9 +134,9 @@ class TrainingLoop:
         """
         with self.checkpoints.writing(self.step) as directory:
             with timer("save", metrics):
-                self.actor.broadcast("save_checkpoint", str(directory))
+                self.actor.broadcast(ActorRolloutRefWorker.save_checkpoint, str(directory))
                 if self.critic is not None:
-                    self.critic.broadcast("save_checkpoint", str(directory))
+                    self.critic.broadcast(CriticWorker.save_checkpoint, str(directory))
                 torch.save(self.state_dict(), directory / TRAINER_STATE)
             self.tracker.log(metrics, self.step)
 
@@ -174,10 +148,10 @@ class TrainingLoop:
         """
         path = self.checkpoints.resolve(self.cfg.resume)
         if path is not None:
-            self.actor.broadcast("load_checkpoint", str(path))
+            self.actor.broadcast(ActorRolloutRefWorker.load_checkpoint, str(path))
             if self.critic is not None:
-                self.critic.broadcast("load_checkpoint", str(path))
-            self.load_state_dict(torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=False))
+                self.critic.broadcast(CriticWorker.load_checkpoint, str(path))
+            self.load_state_dict(load_state(path / TRAINER_STATE))
             sync_actor_engines(self.actor, self.step)
             logger.info("resumed from %s at step %d", path, self.step)
         self.tracker.rewind(self.step)
@@ -186,7 +160,8 @@ class TrainingLoop:
     def state_dict(self) -> dict[str, Any]:
         """The step counter, RNG states, the health monitor's history and the step's own state (data position, rollout
         source, KL controller)."""
-        rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+        # plain types only: the file is read with weights_only=True (search_rl.state_files)
+        rng = {"python": random.getstate(), "numpy": numpy_rng_state(), "torch": torch.get_rng_state()}
         health = self.health.history if self.health is not None else None  # a resumed run keeps its baselines
         return {"step": self.step, **self.step_fn.state_dict(), "rng": rng, "health": health}
 
@@ -196,27 +171,8 @@ class TrainingLoop:
         if self.health is not None:
             self.health.history = {k: list(v) for k, v in (state.get("health") or {}).items()}
         random.setstate(state["rng"]["python"])
-        np.random.set_state(state["rng"]["numpy"])
+        set_numpy_rng_state(state["rng"]["numpy"])
         torch.set_rng_state(state["rng"]["torch"])
 
     def _due(self, freq: int) -> bool:
         return freq > 0 and (self.step % freq == 0 or self.step == self.cfg.total_training_steps)
-
-
-def mean_worker_metrics(dicts: list[dict[str, float]]) -> dict[str, float]:
-    """Mean over workers of each metric; ``perf/*`` token counts are summed."""
-    keys = sorted({k for d in dicts for k in d})
-    out = {}
-    for k in keys:
-        values = [d[k] for d in dicts if k in d]
-        out[k] = sum(values) if k.startswith("perf/") else sum(values) / len(values)
-    return out
-
-
-def throughput_metrics(m: dict[str, float], batch: TrainBatch) -> None:
-    """Tokens per second of the step and of the actor update, added to ``m``."""
-    tokens = float(batch.attention_mask.sum())
-    m["perf/total_tokens"] = tokens
-    m["perf/tokens_per_s"] = tokens / max(m["timing/step_s"], 1e-9)
-    if "perf/actor_update_tokens" in m:
-        m["perf/actor_update_tokens_per_s"] = m["perf/actor_update_tokens"] / max(m["timing/update_actor_s"], 1e-9)

@@ -22,7 +22,10 @@ from torch import nn
 
 from search_rl.batches import TrainBatch
 from search_rl.config import OptimConfig
+from search_rl.state_files import load_state
+from search_rl.workers import distributed as D
 from search_rl.workers.distributed import WorkerSpec, all_reduce_sum
+from search_rl.workers.micro_batches import length_order, micro_batches
 
 LossFn = Callable[[TrainBatch], tuple[torch.Tensor, dict[str, float]]]
 """``micro_batch -> (loss aggregated over the micro-batch, metrics)``."""
@@ -98,11 +101,13 @@ class TrainableModel:
         loss_agg_mode: str,
         keep_groups: bool = False,
         mini_batch_scope: MiniBatchScope | None = None,
+        max_tokens: int = 0,
     ) -> dict[str, float]:
         """Run the update passes over this worker's shard and return mean metrics.
 
         ``keep_groups``: shuffle whole groups (rows of one ``uid`` stay together), so a mini-batch holds complete
-        groups. ``mini_batch_scope``: a context around each mini-batch's passes (``MiniBatchScope``).
+        groups. ``mini_batch_scope``: a context around each mini-batch's passes (``MiniBatchScope``). ``max_tokens``:
+        > 0 sizes micro-batches by padded tokens instead of ``micro_batch_size`` samples (``micro_batches``).
 
         ``mini_batch_size`` is per worker; every rank must hold a shard of the same size so that all take the same
         number of optimizer steps (the collectives pair up).
@@ -117,7 +122,9 @@ class TrainableModel:
                 gen = torch.Generator().manual_seed(shuffle_seed * 1000 + epoch)
                 order = shuffled_order(batch.uids, gen, keep_groups)
             for mini in batch.select(order).split_by_size(mini_batch_size):
-                metrics.add(self._mini_batch_step(mini, loss_fn, micro_batch_size, loss_agg_mode, mini_batch_scope))
+                metrics.add(
+                    self._mini_batch_step(mini, loss_fn, micro_batch_size, loss_agg_mode, mini_batch_scope, max_tokens)
+                )
         return metrics.means()
 
     def _mini_batch_step(
@@ -127,22 +134,27 @@ class TrainableModel:
         micro_batch_size: int,
         loss_agg_mode: str,
         scope: MiniBatchScope | None = None,
+        max_tokens: int = 0,
     ) -> dict[str, float]:
         assert mini.loss_mask is not None
         # Micro-batches of similar lengths pad less (each is cut to its longest row); the weighted sum is order-free.
-        mini = mini.select(torch.argsort(mini.attention_mask.sum(-1), stable=True))
-        micros = mini.split_by_size(micro_batch_size)
+        mini = mini.select(length_order(mini))
+        micros = micro_batches(mini, micro_batch_size, max_tokens)
         weights = [aggregation_weight(m.loss_mask, loss_agg_mode) for m in micros]  # type: ignore[arg-type]
         total = all_reduce_sum(sum(weights), self.spec)
         self.optimizer.zero_grad(set_to_none=True)
         metrics = MetricMean()
         with scope(mini) if scope is not None else contextlib.nullcontext():
-            for micro, weight in zip(micros, weights, strict=True):
+            # A token budget can give ranks different micro-batch counts; sharded passes are collectives, so a rank
+            # with fewer repeats its last one with weight 0 (nothing added to the gradient).
+            for i, (micro, real) in enumerate(D.matched_passes(micros, self.spec)):
+                weight = weights[i] if real else 0.0
                 loss, micro_metrics = loss_fn(micro)
                 share = weight / total if total > 0 else 0.0
                 # Ranks average their gradients, so each rank's share is scaled back up by the world size.
                 (loss * share * self.spec.world_size).backward()
-                metrics.add(micro_metrics, weight=max(weight, 1e-12))
+                if real:
+                    metrics.add(micro_metrics, weight=max(weight, 1e-12))
         grad_norm = self._reduce_and_clip()
         out = metrics.means()
         if math.isfinite(grad_norm):
@@ -187,4 +199,4 @@ class TrainableModel:
             torch.save(state, path)
 
     def load_optimizer(self, path: Path) -> None:
-        self.load_optimizer_state(torch.load(path, map_location="cpu", weights_only=False))
+        self.load_optimizer_state(load_state(path))

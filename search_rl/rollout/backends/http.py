@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import httpx
 
@@ -13,8 +14,38 @@ from search_rl.rollout.backends.meter import CostMeter
 from search_rl.rollout.recording import BackendIdentity
 from search_rl.rollout.retriever_client import RetrieverClient, RetrieverError, describe_failure, start_hint
 
-IDENTITY_FIELDS = ("method", "num_documents", "index_path", "encoder_model", "corpus_sha256", "index_key")
-"""``/health`` fields that identify the answers (status and progress do not); absent ones are skipped."""
+IDENTITY_FIELDS = (
+    "method",
+    "num_documents",
+    "index_path",
+    "encoder_model",
+    "corpus_sha256",
+    "index_key",
+    "search_settings",
+)
+"""``/health`` fields that identify the answers (status and progress do not): the corpus, the index (``index_key``
+changes with its content and build settings) and the query-time settings (``search_settings``: nprobe, efSearch,
+query prefix, hybrid weights, encoder backend...); absent or null ones are skipped."""
+
+
+def identity_facts(health: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``IDENTITY_FIELDS`` of a ``/health`` body, a nested dict as dotted keys (so a difference names the
+    setting: ``search_settings.nprobe``); nulls left out.
+
+    >>> identity_facts({"method": "dense", "status": "ok", "search_settings": {"nprobe": 16, "ef_search": None}})
+    {'method': 'dense', 'search_settings.nprobe': 16}
+    """
+    return _dotted({k: health.get(k) for k in IDENTITY_FIELDS})
+
+
+def _dotted(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, Mapping):
+            out.update(_dotted(value, f"{prefix}{key}."))
+        elif value is not None:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 class HttpBackend(RetrieverClient):
@@ -51,5 +82,5 @@ class HttpBackend(RetrieverClient):
                     url,
                 )
             health = resp.json()
-            self._fingerprint = BackendIdentity.of("http", **{k: health.get(k) for k in IDENTITY_FIELDS})
+            self._fingerprint = BackendIdentity.of("http", **identity_facts(health))
         return self._fingerprint

@@ -25,6 +25,7 @@ import httpx
 
 from search_rl.config.search_backends import SimulatedSearchConfig
 from search_rl.datatypes import Passage, SamplingParams
+from search_rl.models.identity import source_weights_sha256
 from search_rl.rollout.backends.meter import CostMeter
 from search_rl.rollout.recording import BackendIdentity
 from search_rl.rollout.retriever_client import RetrieverError, describe_failure
@@ -66,8 +67,17 @@ class SimulatedBackend:
         self._tokenizer: Any = None
 
     def fingerprint(self) -> BackendIdentity:
+        """The writer (an endpoint and its model name, or the sha256 of the local model's weights: the same weights
+        at another path are the same writer), the prompt and the decoding settings.
+
+        Raises:
+            FileNotFoundError: the local writer model does not exist.
+        """
         c = self.cfg
-        writer = {"endpoint": c.endpoint, "endpoint_model": c.endpoint_model} if c.endpoint else {"model": c.model}
+        if c.endpoint:
+            writer = {"endpoint": c.endpoint, "endpoint_model": c.endpoint_model}
+        else:
+            writer = {"model_sha256": source_weights_sha256(c.model, seed=c.seed)}
         prompt = hashlib.sha256(PROMPT.encode()).hexdigest()[:12]
         return BackendIdentity.of(
             "simulated",

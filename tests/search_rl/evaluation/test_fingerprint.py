@@ -8,20 +8,38 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import torch
 
 from search_rl.evaluation.comparisons import check_comparable, differences
-from search_rl.evaluation.fingerprint import build_fingerprint, describe_retriever, prompts_sha256, weights_sha256
+from search_rl.evaluation.fingerprint import (
+    build_fingerprint,
+    describe_retriever,
+    engine_identity,
+    pin,
+    prompts_sha256,
+    weights_sha256,
+)
 from search_rl.main_eval import load_eval_config
+from search_rl.models import load_model, load_tokenizer
+from search_rl.rollout.backends.http import HttpBackend
+from search_rl.rollout.engines.hf import HFEngine
 from search_rl.tools.compare_evals import main
 
 HEALTH = {"backend": "http", "method": "dense", "num_documents": 16430, "index_path": "dense-afcf313a60db4ca3"}
 
 
-def fingerprint(*overrides: str, retriever: dict | None = None, prompts: str = "p1") -> dict:
+ENGINE = {"name": "hf", "dtype": "float32"}
+
+
+def fingerprint(
+    *overrides: str, retriever: dict | None = None, prompts: str = "p1", engine: dict | None = None
+) -> dict:
     cfg = load_eval_config(list(overrides))
     return build_fingerprint(
         cfg,
@@ -29,6 +47,7 @@ def fingerprint(*overrides: str, retriever: dict | None = None, prompts: str = "
         prompts=prompts,
         data_files=cfg.data.files,
         retriever=HEALTH if retriever is None else retriever,
+        engine=ENGINE if engine is None else engine,
     )
 
 
@@ -65,7 +84,11 @@ def test_differences_are_named_and_refused_unless_intended():
     other_model = copy.deepcopy(base)
     other_model["model"]["weights_sha256"] = "w2"
     assert check_comparable(["a", "b"], [base, other_model]) == ["model.weights_sha256: a=w1, b=w2"]
-    assert check_comparable(["a", "b"], [base, None]) == ["not pinned (evaluated before fingerprints, not checked): b"]
+    with pytest.raises(ValueError, match=r"b: no fingerprint \(to compare it unchecked: --allow fingerprint\)"):
+        check_comparable(["a", "b"], [base, None])
+    assert check_comparable(["a", "b"], [base, None], allow=["fingerprint"]) == [
+        "b: no fingerprint: not checked (--allow fingerprint)"
+    ]
 
 
 def write_eval(folder: Path, fp: dict) -> Path:
@@ -83,13 +106,20 @@ def write_eval(folder: Path, fp: dict) -> Path:
         ({"retriever": {**HEALTH, "index_path": "dense-0123456789abcdef"}}, "retriever.index_path"),
         ({"overrides": ["retriever.topk=5"]}, "retriever.topk: base=3, other=5"),
         ({"overrides": ["baseline=no_search"], "prompts": "p2"}, "template.baseline: base=search, other=no_search"),
+        ({"retriever": {**HEALTH, "index_key": "dense-ivf"}}, "retriever.index_key: base=<absent>, other=dense-ivf"),
+        ({"retriever": {**HEALTH, "search_settings.nprobe": 64}}, "retriever.search_settings.nprobe"),
+        ({"engine": {"name": "vllm", "dtype": "float32"}}, "engine.name: base=hf, other=vllm"),
+        ({"engine": {"name": "hf", "dtype": "bfloat16"}}, "engine.dtype: base=float32, other=bfloat16"),
     ],
-    ids=["corpus", "topk", "template"],
+    ids=["corpus", "topk", "template", "index", "nprobe", "engine", "dtype"],
 )
 def test_compare_evals_refuses_a_mismatch(change, named, tmp_path, capsys):
     base = write_eval(tmp_path / "base", fingerprint())
     other_fp = fingerprint(
-        *change.get("overrides", []), retriever=change.get("retriever"), prompts=change.get("prompts", "p1")
+        *change.get("overrides", []),
+        retriever=change.get("retriever"),
+        prompts=change.get("prompts", "p1"),
+        engine=change.get("engine"),
     )
     other = write_eval(tmp_path / "other", other_fp)
     assert main([f"base={base}", f"other={other}"]) == 2
@@ -112,3 +142,70 @@ def test_a_retriever_without_health_leaves_the_gap_visible():
 
     assert describe_retriever(cfg, Backend()) == {"backend": "web", "provider": "serper", "country": "us"}
     assert describe_retriever(cfg, None) is None
+
+
+@pytest.fixture
+def health_server() -> Iterator[tuple[str, dict]]:
+    """A server whose ``GET /health`` answers the dict the test fills (what a retriever reports)."""
+    body: dict = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", body
+    server.shutdown()
+
+
+def test_the_retrievers_corpus_index_and_search_settings_are_pinned(health_server):
+    url, body = health_server
+    cfg = load_eval_config([f"retriever.url={url}"])
+
+    def described(**health: object) -> dict:
+        body.clear()
+        body.update({"status": "ready", "method": "dense", "num_documents": 100, **health})
+        return describe_retriever(cfg, HttpBackend(cfg.retriever)) or {}
+
+    ivf = described(
+        corpus_sha256="c" * 64,
+        index_key="dense-ivf1",
+        search_settings={"nprobe": 16, "query_prefix": "query: ", "ef_search": None},
+    )
+    assert ivf["corpus_sha256"] == "c" * 64 and ivf["index_key"] == "dense-ivf1"
+    assert ivf["search_settings.nprobe"] == "16" and ivf["search_settings.query_prefix"] == "query: "
+    assert "search_settings.ef_search" not in ivf and "status" not in ivf  # null settings and state stay out
+    assert not {"corpus_sha256", "index_key"} & described(corpus_sha256=None).keys()  # absent ones stay absent
+
+    def refused_key(**health: object) -> str:
+        a = fingerprint(retriever=ivf)
+        b = fingerprint(retriever=described(**health))
+        with pytest.raises(ValueError, match="not made the same way") as e:
+            check_comparable(["a", "b"], [a, b])
+        return str(e.value)
+
+    kept = {"corpus_sha256": "c" * 64, "index_key": "dense-ivf1"}
+    assert "retriever.search_settings.nprobe: a=16, b=64" in refused_key(
+        **kept, search_settings={"nprobe": 64, "query_prefix": "query: "}
+    )
+    assert "retriever.index_key: a=dense-ivf1, b=dense-hnsw1" in refused_key(
+        **{**kept, "index_key": "dense-hnsw1"}, search_settings={"nprobe": 16, "query_prefix": "query: "}
+    )
+
+
+def test_the_engine_and_the_dtype_it_ran_in_are_pinned(tokenizer):
+    cfg = load_eval_config(["model=tiny", "model.dtype=float32"])
+    engine = HFEngine(load_model("tiny", dtype=torch.bfloat16), tokenizer)
+    fp = pin(cfg, engine.model, engine, [[1, 2]], None)
+    assert fp["engine"] == {"name": "hf", "dtype": "bfloat16"}  # what ran, not what the config asked for
+    assert "dtype" not in fp["model"]
+    assert engine_identity(HFEngine(load_model("tiny"), load_tokenizer("tiny"))) == {"name": "hf", "dtype": "float32"}

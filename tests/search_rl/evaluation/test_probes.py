@@ -96,6 +96,30 @@ def test_probes_run_every_condition(retriever_url, tmp_path, capsys):
     assert fps["closed_book"]["template"]["baseline"] == "no_search"
 
 
+def test_grounding_is_yes_no_or_not_measured():
+    real = probes.Condition("retriever", 0.4, 1.0, None, Path("r"))
+    empty = probes.Condition("empty", 0.1, 1.0, None, Path("e"))
+    random_as_good = probes.Condition("random", 0.39, 1.0, None, Path("x"))
+    assert probes.grounding([real, empty], 0.02) == "not_measured"
+    assert probes.grounding([real, empty, random_as_good], 0.02) == "no"
+    assert probes.grounding([real, random_as_good], 0.0) == "yes"
+    text = probes.report([real, empty], "not_measured")
+    assert "grounding not measured: the random probe did not run (ran: retriever, empty)" in text
+    assert "grounded:" not in text and "FLAGGED" not in text
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_without_the_random_probe_grounding_is_not_measured(retriever_url, tmp_path, capsys):
+    args = ["--probes", "empty", f"retriever.url={retriever_url}", f"output_dir={tmp_path}", *TINY]
+    assert probes.main(args) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1].startswith("probes em=") and out[-1].endswith("grounded=not_measured")
+    (root,) = tmp_path.glob("probes-*")
+    assert json.loads((root / "probes.json").read_text())["grounded"] == "not_measured"
+    assert "grounding not measured" in (root / "probes.md").read_text()
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_suite_table_and_missing_datasets(retriever_url, tmp_path, capsys):

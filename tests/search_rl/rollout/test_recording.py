@@ -173,3 +173,20 @@ def test_cli_lists_shows_and_merges(tmp_path, capsys):
     assert row["key"] == key and row["fingerprint"] == a.fp.id and len(row["passages"]) == 3
     assert recordings.main(["show", str(tmp_path / "a.sqlite"), "ffff"]) == 2
     assert recordings.main(["list", str(tmp_path / "missing.sqlite")]) == 2
+
+
+@pytest.mark.parametrize("name", ["run#2.sqlite", "what?.sqlite", "x%41.sqlite", "my run.sqlite", "a #?%b.sqlite"])
+def test_odd_file_names_open_that_file_and_read_only_refuses_writes(tmp_path, name):
+    live = CountingBackend()
+    path = tmp_path / name
+    recorder = RecordingRetriever(RecordingStore(path), "record", live.fp, 3, live)
+    search(recorder, ["q1"])
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(("-wal", "-shm"))) == [name]
+    [key] = recorder.retrieval_keys(["q1"])
+    read_only = RecordingStore(path, read_only=True)
+    assert read_only.get_many([key])[key].query == "q1"
+    entry = Entry("k", live.fp.id, "q2", 3, (), 0.0)
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        read_only.put_many([entry], replace=True)
+    merged = RecordingStore(tmp_path / "merged #1.sqlite")
+    assert merged.merge_from(path) == 1 and merged.get_many([key])[key].query == "q1"

@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from search_rl.config.search_backends import SimulatedSearchConfig
 from search_rl.configure import load_config
 from search_rl.main_ppo import build_trainer, build_workers, prepare
+from search_rl.models.identity import source_weights_sha256
 from search_rl.rollout.backends.simulated import PROMPT, SimulatedBackend
 from search_rl.rollout.recording import RecordingStore
 from search_rl.rollout.retriever_client import RetrieverError
@@ -88,6 +90,24 @@ def test_the_local_tiny_model_writes_k_documents_deterministically():
     assert all(len(p.text.split()) >= 3 for docs in first for p in docs)
 
 
+def test_a_local_writer_is_named_by_its_weights_not_its_path(tmp_path):
+    from search_rl.models import load_model
+
+    model = load_model("tiny", seed=0)
+    model.save_pretrained(tmp_path / "a")
+    model.save_pretrained(tmp_path / "copy of a")
+
+    def identity(folder: Path) -> dict[str, str]:
+        return SimulatedBackend(SimulatedSearchConfig(model=str(folder)), 3).fingerprint().as_dict()
+
+    a = identity(tmp_path / "a")
+    assert a == identity(tmp_path / "copy of a") and str(tmp_path) not in json.dumps(a)
+    with torch.no_grad():
+        next(model.parameters())[0, 0] += 1.0
+    model.save_pretrained(tmp_path / "b")
+    assert identity(tmp_path / "b")["model_sha256"] != a["model_sha256"]
+
+
 class SearchFirst:
     """Logits processor: the first turn of every sample is ``<search> QUERY </search>`` (the tiny random policy
     would rarely search); later turns are the policy's own samples."""
@@ -152,7 +172,8 @@ def test_grpo_with_simulated_search_then_resumed_under_replay_reproduces_the_rol
         # the 4 samples of a step search the same query: the writer is asked once
         assert math.isfinite(m["actor/loss"]) and m["rollout/search_calls"] == 1 and m["rollout/search_cost_usd"] == 0
     manifest = json.loads((tmp_path / "a" / "retrieval.json").read_text())
-    assert manifest["backend"] == "simulated" and manifest["fingerprint"]["model"] == "tiny"
+    tiny_sha256 = source_weights_sha256("tiny", seed=SimulatedSearchConfig().seed)
+    assert manifest["backend"] == "simulated" and manifest["fingerprint"]["model_sha256"] == tiny_sha256
     [(fingerprint, _, entries)] = RecordingStore(rec).fingerprints()
     assert fingerprint == manifest["fingerprint"]["id"] and entries >= 1
 

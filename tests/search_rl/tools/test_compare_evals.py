@@ -13,13 +13,20 @@ import pytest
 
 from search_rl.tools.compare_evals import load_eval, main, mcnemar_p, paired, report, run_folder
 
+FINGERPRINT = {"retriever": {"backend": "http", "index_key": "k1", "topk": 3}, "budgets": {"max_turns": 4}}
+"""The same fingerprint for every row unless a test says otherwise (the model section may differ)."""
 
-def write_eval(folder: Path, em: dict[str, float], when: str = "20261123-070000") -> Path:
+
+def write_eval(
+    folder: Path, em: dict[str, float], when: str = "20261123-070000", fingerprint: dict | None = FINGERPRINT
+) -> Path:
     """A ``main_eval`` output folder: metrics.json and one trajectory line per question (the keys it writes)."""
     run = folder / f"search-{when}"
     run.mkdir(parents=True)
     mean = sum(em.values()) / len(em)
     metrics = {"model": str(folder), "eval/all/em": mean, "eval/all/f1": mean, "eval/all/n": float(len(em))}
+    if fingerprint is not None:
+        metrics["fingerprint"] = {**fingerprint, "model": {"path": str(folder)}}
     (run / "metrics.json").write_text(json.dumps(metrics))
     lines = [json.dumps({"uid": uid, "reward_components": {"em": v, "f1": v}}) for uid, v in em.items()]
     (run / "trajectories.jsonl").write_text("\n".join(lines) + "\n")
@@ -88,3 +95,26 @@ def test_cli(tmp_path, capsys):
     assert "no main_eval output" in capsys.readouterr().err
     assert main(["no-equals-sign"]) == 2
     assert "expected NAME=DIR" in capsys.readouterr().err
+
+
+def test_a_row_without_fingerprint_is_refused_unless_allowed(tmp_path, capsys):
+    write_eval(tmp_path / "old", {"a": 0, "b": 0}, fingerprint=None)
+    write_eval(tmp_path / "new", {"a": 1, "b": 0})
+    assert main([f"old={tmp_path / 'old'}", f"new={tmp_path / 'new'}"]) == 2
+    err = capsys.readouterr().err
+    assert "old: no fingerprint (to compare it unchecked: --allow fingerprint)" in err
+    assert main([f"old={tmp_path / 'old'}", f"new={tmp_path / 'new'}", "--allow", "fingerprint"]) == 0
+    assert "old: no fingerprint: not checked (--allow fingerprint)" in capsys.readouterr().out
+
+
+def test_an_unpinned_retriever_is_refused_even_when_both_rows_say_the_same(tmp_path, capsys):
+    unpinned = {**FINGERPRINT, "retriever": {"backend": "http", "unpinned": "retriever gave no description", "topk": 3}}
+    write_eval(tmp_path / "a", {"a": 0, "b": 0}, fingerprint=unpinned)
+    write_eval(tmp_path / "b", {"a": 1, "b": 0}, fingerprint=unpinned)
+    rows = [f"a={tmp_path / 'a'}", f"b={tmp_path / 'b'}"]
+    assert main(rows) == 2
+    err = capsys.readouterr().err
+    assert "a: retriever not pinned (retriever gave no description) (to compare it unchecked: --allow " in err
+    assert "b: retriever not pinned" in err and "--allow retriever.unpinned" in err
+    assert main([*rows, "--allow", "retriever.unpinned"]) == 0
+    assert "a: retriever not pinned (retriever gave no description): not checked" in capsys.readouterr().out

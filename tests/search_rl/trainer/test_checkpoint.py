@@ -1,12 +1,16 @@
-"""Checkpoint folders: atomic commit, a crash mid-write leaves the previous checkpoint usable, keep the last k.
+"""Checkpoint folders: atomic commit, a crash mid-write leaves the previous checkpoint usable, keep the last k; state
+files hold plain data only, and one holding a pickled object is refused.
 
 Run: python -m pytest tests/search_rl/trainer/test_checkpoint.py -q
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+import torch
 
+from search_rl.state_files import load_state, numpy_rng_state, set_numpy_rng_state
 from search_rl.trainer.checkpoint import LATEST_FILE, TRAINER_STATE, CheckpointManager
 
 
@@ -51,3 +55,23 @@ def test_saving_a_step_again_replaces_it(tmp_path):
         (tmp / TRAINER_STATE).write_text("again")
     assert (tmp_path / "global_step_2" / TRAINER_STATE).read_text() == "again"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp")] == []
+
+
+class Payload:
+    """Any pickled object: loading it could run code."""
+
+
+def test_state_files_hold_plain_data_and_a_pickled_object_is_refused(tmp_path):
+    state = {"step": 3, "rng": {"numpy": numpy_rng_state(), "torch": torch.get_rng_state()}, "health": {"a": [0.5]}}
+    torch.save(state, tmp_path / TRAINER_STATE)
+    loaded = load_state(tmp_path / TRAINER_STATE)
+    assert loaded["step"] == 3 and loaded["rng"]["numpy"] == state["rng"]["numpy"]
+    set_numpy_rng_state(loaded["rng"]["numpy"])
+    evil = tmp_path / "global_step_4" / "actor_optim.pt"
+    evil.parent.mkdir()
+    torch.save({"optimizer": {}, "scheduler": Payload()}, evil)
+    with pytest.raises(ValueError, match=rf"{evil}: refused to load: it holds a pickled .*Payload"):
+        load_state(evil)
+    torch.save({"rng": np.random.get_state()}, evil)  # what older checkpoints held
+    with pytest.raises(ValueError, match=r"actor_optim.pt: refused to load: it holds a pickled numpy"):
+        load_state(evil)
