@@ -6,10 +6,10 @@ searches better than the model it started from.
     python -m search_rl.demo --model tiny        # a random 2-layer Llama: checks the plumbing in a few minutes
     python -m search_rl.demo --serve-only        # only start the retriever, query it, serve until Ctrl-C
 
-The journey: check the shipped corpus and datasets (``data/``), start ``uvicorn retriever_server.app:app`` in the
-background through ``RetrieverProcess`` and wait for ``/health``, showing the index build it reports (the first start
-builds the dense index from the shipped embeddings in seconds and caches it under ``~/.cache/search-rl/indexes``),
-then the recipe with small budgets, each stage with a progress bar:
+The journey: check the shipped corpus and datasets (``data/``), start the retriever (``python -m retriever_server``)
+in the background through ``RetrieverProcess`` and wait for ``/health``, showing the index build it reports (the
+first start builds the dense index from the shipped embeddings in seconds and caches it under
+``~/.cache/search-rl/indexes``), then the recipe with small budgets, each stage with a progress bar:
 
 1. a short supervised warm start (``main_sft``) on the shipped search trajectories → ``runs/demo/sft``;
 2. GRPO from it (``main_ppo algorithm=grpo``, LoRA adapters, F1 partial credit, no KL term) → ``runs/demo/rl``;
@@ -19,6 +19,8 @@ then the recipe with small budgets, each stage with a progress bar:
    curves (``runs/demo/plots/recipe.png`` and each stage's panels), and where everything is.
 
 Every stage shows the policy up to 384 tokens of passages per search (``--max-obs-tokens``, the trainer's default).
+The console shows progress, one result line per stage and the final table; every metric is in the stage's files
+(``metrics.jsonl``, ``eval/<stage>/*/metrics.json``).
 
 The retriever it started is stopped on success, failure and Ctrl-C. Re-running reuses what exists: the cached index,
 the converted model, finished stages and their evaluations (``--fresh`` starts over; a retrained warm start retrains
@@ -32,6 +34,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -385,11 +388,34 @@ def find_eval(s: DemoSettings, stage: str, model: str) -> Path | None:
     return None
 
 
+METRIC_LINE = re.compile(r"^eval/\S+ = ")
+"""A line of ``main_eval``'s per-metric dump (``eval/all/em = 0.2000``), about 40 per evaluation."""
+
+
+class MetricLinesFilter(logging.Filter):
+    """Drops the evaluation's per-metric INFO lines from the console: the stage's summary line says the result, and
+    every metric stays in its ``metrics.json``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.INFO or not METRIC_LINE.match(record.getMessage())
+
+
+@contextmanager
+def without_metric_lines(name: str = "search_rl.evaluation.run") -> Iterator[None]:
+    """While the block runs, the logger ``name`` logs everything but its per-metric lines."""
+    log, quiet = logging.getLogger(name), MetricLinesFilter()
+    log.addFilter(quiet)
+    try:
+        yield
+    finally:
+        log.removeFilter(quiet)
+
+
 def evaluate(s: DemoSettings, url: str, stage: str, checkpoint: Path | None, reuse: bool) -> Path:
     """Greedy evaluation of one stage's policy with search (``checkpoint`` None: the base model); returns the output
     folder. ``reuse``: an earlier evaluation of the same model on as many questions is kept."""
-    from search_rl.main_eval import evaluate as run_eval
-    from search_rl.main_eval import load_eval_config
+    from search_rl.evaluation.run import evaluate as run_eval
+    from search_rl.evaluation.run import load_eval_config
 
     overrides = eval_overrides(s, url, stage, checkpoint)
     cfg = load_eval_config(overrides)
@@ -398,7 +424,8 @@ def evaluate(s: DemoSettings, url: str, stage: str, checkpoint: Path | None, reu
         logger.info("reusing the %s evaluation in %s (--fresh to train and evaluate again)", stage, previous)
         return previous
     logger.info("evaluating %s: python -m search_rl.main_eval %s", stage, " ".join(overrides))
-    result = run_eval(cfg)
+    with without_metric_lines():
+        result = run_eval(cfg)
     logger.info("%s: %s", stage, result.summary)
     return result.output_dir
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -79,6 +80,21 @@ def test_budget_flags_must_be_positive(flag, capsys):
         demo.main([flag, "0"])
     assert exit_info.value.code == 2
     assert f"argument {flag}: must be >= 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_evaluation_console_shows_progress_and_summary_not_every_metric(retriever_url, tmp_path, caplog):
+    """A stage's evaluation prints its progress and one summary line; the per-metric dump (about 40 lines of
+    ``eval/<source>/<metric> = value``) stays in its metrics.json."""
+    s = demo.DemoSettings(1, 2, 1, 2, 2, 2, tmp_path, "tiny", 1, False)
+    caplog.set_level("INFO")
+    out = demo.evaluate(s, retriever_url, "base", None, reuse=False)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert len([k for k in metrics if k.startswith("eval/")]) > 10
+    assert "rolled out 2/2" in caplog.text
+    assert any(re.fullmatch(r"base: eval n=2 em=\S+ subem=\S+ f1=\S+", m) for m in caplog.messages), caplog.text
+    dumped = [m for m in caplog.messages if re.match(r"eval/\S+ = ", m)]
+    assert not dumped, f"per-metric lines on the console: {dumped[:3]}"
 
 
 def _down(port: int) -> bool:
