@@ -17,6 +17,7 @@ import argparse
 import os
 import tempfile
 import time
+from collections.abc import Sequence
 
 import faiss
 import numpy as np
@@ -50,6 +51,18 @@ def shipped_vectors() -> np.ndarray:
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
+def split_questions(split: str) -> tuple[list[str], list[list[str]]]:
+    """(questions, gold answers) of a split of the shipped dataset, e.g. ``nq_hotpotqa_mini/test.parquet``."""
+    rows = list(read_rows(DEFAULT_OUT / split))
+    return [r["question"] for r in rows], [list(r["reward_model"]["ground_truth"]["target"]) for r in rows]
+
+
+def answer_recall(top: np.ndarray, contents: Sequence[str], answers: list[list[str]], k: int = 3) -> float:
+    """Fraction of questions with a gold answer in the first ``k`` passages of their row of ``top`` (Q, >= k)."""
+    hits = [has_answer([contents[int(p)] for p in row[:k]], a) for row, a in zip(top, answers, strict=True)]
+    return float(np.mean(hits))
+
+
 def disk_bytes_per_vector(index: faiss.Index) -> float:
     with tempfile.NamedTemporaryFile(suffix=".index") as f:
         faiss.write_index(index, f.name)
@@ -64,9 +77,7 @@ def main() -> None:
     faiss.omp_set_num_threads(1)
     vectors = shipped_vectors()
     corpus = load_corpus(SHIPPED_CORPUS)
-    rows = list(read_rows(DEFAULT_OUT / args.split))
-    questions = [r["question"] for r in rows]
-    answers = [list(r["reward_model"]["ground_truth"]["target"]) for r in rows]
+    questions, answers = split_questions(args.split)
     q = Encoder("all-MiniLM-L6-v2").encode_queries(questions)
     print(f"{len(vectors)} passages, {len(questions)} questions ({args.split})")
     flat_top: np.ndarray | None = None
@@ -91,8 +102,7 @@ def main() -> None:
             search_ms = 1000 * (time.perf_counter() - t0)
             if flat_top is None:
                 flat_top = top
-            recall = float(np.mean([has_answer([corpus.contents[int(p)] for p in row[:3]], a)
-                                    for row, a in zip(top, answers, strict=True)]))  # fmt: skip
+            recall = answer_recall(top, corpus.contents, answers)
             flat_recall = flat_recall or recall
             same3 = float(np.mean((top[:, :3] == flat_top[:, :3]).all(axis=1)))
             overlap = float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(top, flat_top, strict=True)]))

@@ -34,6 +34,17 @@ class Method(StrEnum):
     hybrid = "hybrid"
 
 
+class EncoderBackend(StrEnum):
+    """What runs the query encoder (docs/retriever.md, "Encoder backends")."""
+
+    torch = "torch"
+    """sentence-transformers itself, on ``encoder_device`` (CPU or GPU)."""
+    onnx = "onnx"
+    """An fp32 ONNX export run by onnxruntime on CPU."""
+    onnx_int8 = "onnx-int8"
+    """The ONNX export with dynamically int8-quantized weights, on CPU."""
+
+
 class Settings(BaseSettings):
     """Retriever service settings. Each field is set by the env var ``RETRIEVER_<FIELD NAME IN CAPS>``."""
 
@@ -52,6 +63,11 @@ class Settings(BaseSettings):
     """sentence-transformers model: a local folder, a hub name, or ``all-MiniLM-L6-v2`` (shipped on PyPI)."""
     encoder_device: str = "cpu"
     """Where the encoder runs: ``cpu``, ``cuda`` (``cuda:1``...), or ``auto`` (the GPU when there is one)."""
+    encoder_backend: EncoderBackend = EncoderBackend.torch
+    """What encodes queries: ``torch``, ``onnx`` or ``onnx-int8`` (CPU only, exported once into
+    ``<index_dir>/encoders``). Passages (index builds) are always encoded by torch."""
+    encoder_threads: int | None = Field(default=None, ge=1)
+    """Intra-op threads of the query encoder; ``None`` = ``torch_threads`` (all cores when that is unset too)."""
     query_prefix: str | None = None
     """Text put before each query when encoding; ``None`` = automatic (``query: `` for e5 models, else none)."""
     passage_prefix: str | None = None

@@ -18,10 +18,8 @@ the index is built by encoding, as if nothing were shipped. Make a set with::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +27,7 @@ import numpy as np
 
 from retriever_server.index.corpus import Corpus
 from retriever_server.passages import file_sha256
-from retriever_server.retrievers.encoder import Encoder, resolve_encoder_path
+from retriever_server.retrievers.encoder import Encoder, encoder_fingerprint
 from retriever_server.settings import REPO_ROOT, Settings
 
 logger = logging.getLogger(__name__)
@@ -46,24 +44,6 @@ MIN_SPOT_COSINE = 0.999
 
 class EmbeddingsMismatch(ValueError):
     """A shipped set does not belong to this corpus and encoder, or its files are damaged; the message says how."""
-
-
-@lru_cache(maxsize=8)
-def encoder_fingerprint(model: str) -> str | None:
-    """sha256 over the names and bytes of the encoder's local model files (docs and dotfiles left out).
-
-    Returns None when the encoder is not a local folder (a hub name), whose files cannot be checked.
-    """
-    root = Path(resolve_encoder_path(model))
-    if not root.is_dir():
-        return None
-    h = hashlib.sha256()
-    for f in sorted(p for p in root.rglob("*") if p.is_file()):
-        rel = f.relative_to(root)
-        if f.suffix == ".md" or any(part.startswith(".") for part in rel.parts):
-            continue
-        h.update(f"{rel.as_posix()}\0{file_sha256(f)}\n".encode())
-    return h.hexdigest()
 
 
 def _shown(path: Path) -> str:
