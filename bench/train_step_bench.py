@@ -39,6 +39,7 @@ from search_rl.logging_setup import configure_logging
 from search_rl.main_ppo import build_trainer, build_workers, prepare
 from search_rl.models import load_model
 from search_rl.trainer.ppo import PPOStep
+from search_rl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from search_rl.workers.forward import model_token_count, used_columns
 
 PHASES = (
@@ -210,9 +211,9 @@ def run_trainer(cfg: PPOConfig) -> tuple[list[tuple[int, dict[str, float]]], Tra
         assert isinstance(step, PPOStep)
         step.__class__ = CapturingStep
         history = trainer.fit()
-        peaks = actor.broadcast("peak_memory_mb")
+        peaks = actor.broadcast(ActorRolloutRefWorker.peak_memory_mb)
     finally:
-        actor.shutdown()  # type: ignore[attr-defined]
+        actor.shutdown()
         ray.shutdown()
     return history, step.last_batch, peaks
 

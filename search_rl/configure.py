@@ -65,7 +65,7 @@ def resolve(cfg: C) -> C:
 
 
 def resolve_engine(rollout: Any, model_path: str, gpu: bool) -> None:
-    """Replace ``rollout.engine=auto`` by ``vllm`` or ``hf`` (``search_rl.rollout.engines.choice``), logging why."""
+    """Replace ``rollout.engine=auto`` by a named engine (``search_rl.rollout.engines.choice``), logging why."""
     if rollout.engine == "auto":
         rollout.engine, why = choose_engine(model_path, gpu)
         logger.info("actor_rollout_ref.rollout.engine=auto -> %s (%s)", rollout.engine, why)

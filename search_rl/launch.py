@@ -25,7 +25,8 @@ from search_rl.rollout.retriever_client import RetrieverError
 from search_rl.tracking import Tracker, build_tracker
 from search_rl.trainer.collect import RetrieverOutage
 from search_rl.trainer.loop import History
-from search_rl.workers import LocalWorkerGroup, WorkerGroup, WorkerSpec
+from search_rl.workers import LocalWorkerGroup, WorkerGroup, Workers, WorkerSpec
+from search_rl.workers.group import W
 
 PREPARE_ERRORS = (ConfigError, ValueError, RetrieverError, FileNotFoundError, ImportError)
 """What ``prepare`` may raise about the user's setup; reported as one line and exit code 2."""
@@ -59,8 +60,8 @@ def worker_specs(t: TrainerConfig, device: str, n_groups: int = 1) -> list[Worke
 
 
 def make_group(
-    worker_cls: type, name: str, specs: list[WorkerSpec], t: TrainerConfig, local: bool, **init_kwargs: Any
-) -> WorkerGroup | LocalWorkerGroup:
+    worker_cls: type[W], name: str, specs: list[WorkerSpec], t: TrainerConfig, local: bool, **init_kwargs: Any
+) -> Workers[W]:
     """A group of ``worker_cls``, not started yet: one Ray actor per spec, or with ``local`` one in this process."""
     if local:
         return LocalWorkerGroup(worker_cls, specs[0], **init_kwargs)

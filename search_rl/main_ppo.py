@@ -33,10 +33,11 @@ from search_rl.prompt_data import PromptDataset, PromptLoader, read_rows
 from search_rl.rollout.backends import build_retriever, write_backend_manifest
 from search_rl.tracking import RolloutDumper, Tracker
 from search_rl.trainer.checkpoint import CheckpointManager
-from search_rl.trainer.collect import AsyncCollector, Collector, RolloutSource, SyncCollector, Workers
-from search_rl.trainer.loop import History, RunDumper, TrainingLoop, Validation
+from search_rl.trainer.collect import AsyncCollector, Collector, RolloutSource, SyncCollector
+from search_rl.trainer.dump import RunDumper
+from search_rl.trainer.loop import History, TrainingLoop, Validation
 from search_rl.trainer.ppo import PPOStep
-from search_rl.workers import WorkerSpec
+from search_rl.workers import Workers, WorkerSpec
 from search_rl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from search_rl.workers.critic import CriticWorker
 
@@ -82,7 +83,9 @@ def prepare(cfg: PPOConfig, config_dict: dict[str, Any] | None = None) -> Prepar
     return Prepared(tokenizer, loader, val_batch, build_run_tracker(cfg.trainer, config_dict))
 
 
-def build_workers(cfg: PPOConfig, device: str, local: bool = False) -> tuple[Workers, Workers | None]:
+def build_workers(
+    cfg: PPOConfig, device: str, local: bool = False
+) -> tuple[Workers[ActorRolloutRefWorker], Workers[CriticWorker] | None]:
     """The actor (+ rollout + reference) group and, when the estimator needs one, the critic group.
 
     ``local=True`` builds one in-process worker each (no Ray; ``trainer.n_workers`` must be 1).
@@ -100,12 +103,12 @@ def build_workers(cfg: PPOConfig, device: str, local: bool = False) -> tuple[Wor
         retriever=cfg.retriever,
     )
     critic_kwargs = dict(model=cfg.model, critic=cfg.critic, algorithm=cfg.algorithm, n_samples=cfg.n_samples)
-    groups = [make_group(ActorRolloutRefWorker, "actor", specs, t, local, **actor_kwargs)]
-    if cfg.use_critic:
-        groups.append(make_group(CriticWorker, "critic", specs, t, local, **critic_kwargs))
-    for group in groups:  # constructors of both groups have been running concurrently; now rendezvous
-        group.start()
-    return groups[0], (groups[1] if cfg.use_critic else None)
+    actor = make_group(ActorRolloutRefWorker, "actor", specs, t, local, **actor_kwargs)
+    critic = make_group(CriticWorker, "critic", specs, t, local, **critic_kwargs) if cfg.use_critic else None
+    actor.start()  # constructors of both groups have been running concurrently; now rendezvous
+    if critic is not None:
+        critic.start()
+    return actor, critic
 
 
 def check_mode(cfg: PPOConfig) -> None:
@@ -146,7 +149,7 @@ def step_settings(cfg: PPOConfig, tokenizer: PreTrainedTokenizerBase) -> StepSet
 
 
 def build_collector(
-    cfg: PPOConfig, prepared: Prepared, actor: Workers, source: RolloutSource | None = None
+    cfg: PPOConfig, prepared: Prepared, actor: Workers[ActorRolloutRefWorker], source: RolloutSource | None = None
 ) -> Collector:
     """Lock-step rollouts on the actor workers (``trainer.mode=sync``) or the asynchronous generators' ``source``."""
     settings = step_settings(cfg, prepared.tokenizer)
@@ -157,7 +160,11 @@ def build_collector(
 
 
 def build_trainer(
-    cfg: PPOConfig, prepared: Prepared, actor: Workers, critic: Workers | None, source: RolloutSource | None = None
+    cfg: PPOConfig,
+    prepared: Prepared,
+    actor: Workers[ActorRolloutRefWorker],
+    critic: Workers[CriticWorker] | None,
+    source: RolloutSource | None = None,
 ) -> TrainingLoop:
     """The loop with its collaborators: a ``PPOStep`` over the collector, validation, checkpoints, dumps."""
     t, run_dir, settings = cfg.trainer, Path(cfg.trainer.default_local_dir), step_settings(cfg, prepared.tokenizer)

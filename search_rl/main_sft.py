@@ -36,9 +36,10 @@ from search_rl.rollout.backends import build_retriever
 from search_rl.sft.dataset import SFTDataset
 from search_rl.tracking import RolloutDumper, Tracker
 from search_rl.trainer.checkpoint import CheckpointManager
-from search_rl.trainer.collect import Workers
-from search_rl.trainer.loop import History, RunDumper, TrainingLoop, Validation
+from search_rl.trainer.dump import RunDumper
+from search_rl.trainer.loop import History, TrainingLoop, Validation
 from search_rl.trainer.sft import SFTStep
+from search_rl.workers import Workers
 from search_rl.workers.actor_rollout_ref import ActorRolloutRefWorker
 
 logger = logging.getLogger("search_rl.main_sft")
@@ -90,7 +91,7 @@ def prepare(cfg: SFTConfig, config_dict: dict[str, Any] | None = None) -> Prepar
     return PreparedSFT(tokenizer, dataset, loader, val_batch, build_run_tracker(cfg.trainer, config_dict))
 
 
-def build_actor(cfg: SFTConfig, device: str, local: bool = False) -> Workers:
+def build_actor(cfg: SFTConfig, device: str, local: bool = False) -> Workers[ActorRolloutRefWorker]:
     """The actor group (``trainer.n_workers`` data-parallel workers; ``local=True``: one, in this process)."""
     kwargs = dict(
         model=cfg.model,
@@ -105,7 +106,7 @@ def build_actor(cfg: SFTConfig, device: str, local: bool = False) -> Workers:
     return group
 
 
-def build_trainer(cfg: SFTConfig, prepared: PreparedSFT, actor: Workers) -> TrainingLoop:
+def build_trainer(cfg: SFTConfig, prepared: PreparedSFT, actor: Workers[ActorRolloutRefWorker]) -> TrainingLoop:
     """The loop with its collaborators: an ``SFTStep``, validation, checkpoints, dumps."""
     t, run_dir = cfg.trainer, Path(cfg.trainer.default_local_dir)
     dumper = RunDumper(RolloutDumper(run_dir / "rollouts", prepared.tokenizer) if t.dump_rollouts else None)

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from search_rl.async_rollout.coordinator import AsyncRolloutSource, Publisher, SourceSettings
+from search_rl.async_rollout.coordinator import AsyncRolloutSource, SourceSettings
 from search_rl.async_rollout.generator import GeneratorWorker
 from search_rl.async_rollout.weights import WeightStore
 from search_rl.config import ConfigError, PPOConfig
 from search_rl.prompt_data import PromptLoader
 from search_rl.seeds import step_seed
-from search_rl.workers import WorkerSpec
+from search_rl.workers import Workers, WorkerSpec
+from search_rl.workers.actor_rollout_ref import ActorRolloutRefWorker
 
 
 def source_settings(cfg: PPOConfig) -> SourceSettings:
@@ -30,7 +31,7 @@ def source_settings(cfg: PPOConfig) -> SourceSettings:
 
 
 def build_rollout_source(
-    cfg: PPOConfig, loader: PromptLoader, actor: Publisher, spec: WorkerSpec
+    cfg: PPOConfig, loader: PromptLoader, actor: Workers[ActorRolloutRefWorker], spec: WorkerSpec
 ) -> AsyncRolloutSource:
     """The generators (Ray actors, each its own engine), the weight store and the coordinator. Generators get
     ``trainer.cpus_per_worker`` CPUs and, on GPU, a GPU each (the actor workers keep theirs).

@@ -43,6 +43,8 @@ from search_rl.async_rollout.groups import Group, assemble, split_groups
 from search_rl.async_rollout.queue import GroupQueue
 from search_rl.batches import PromptBatch
 from search_rl.datatypes import RolloutResult
+from search_rl.workers import Workers
+from search_rl.workers.actor_rollout_ref import ActorRolloutRefWorker
 
 logger = logging.getLogger(__name__)
 
@@ -60,12 +62,6 @@ class Loader(Protocol):
     def next_batch(self) -> Any: ...
 
     def state_dict(self) -> dict[str, int]: ...
-
-
-class Publisher(Protocol):
-    """What the source needs from the actor group: ``broadcast("sync_weights", version, publish=True)``."""
-
-    def broadcast(self, method: str, *args: Any, **kwargs: Any) -> list[Any]: ...
 
 
 @dataclass(frozen=True)
@@ -127,7 +123,7 @@ class AsyncRolloutSource:
         settings: SourceSettings,
         *,
         loader: Loader,
-        actor: Publisher,
+        actor: Workers[ActorRolloutRefWorker],
         store: Any,
         make_generator: Callable[[int], Any],
         n_generators: int,
@@ -162,7 +158,7 @@ class AsyncRolloutSource:
         Raises:
             RuntimeError: an engine reports another version.
         """
-        outs = self.actor.broadcast("sync_weights", version, publish=True)
+        outs = self.actor.broadcast(ActorRolloutRefWorker.sync_weights, version, publish=True)
         versions = sorted({v for v, _ in outs})
         if versions != [version]:
             raise RuntimeError(f"weight publish: engines report versions {versions}, expected {version}")

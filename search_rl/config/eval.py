@@ -30,9 +30,9 @@ class EvalRolloutConfig(RolloutConfig):
     """The search loop of evaluation (greedy unless ``n_samples > 1``) and its HF engine, under the same key paths as
     in training: ``actor_rollout_ref.rollout.*`` and ``actor_rollout_ref.rollout.hf.*``."""
 
-    engine: str = "hf"
-    """Generation backend, as in training: ``hf``, ``vllm`` or ``auto`` (``vllm`` where it is installed and runs the
-    model, else ``hf``)."""
+    engine: str = "auto"
+    """Generation backend, as in training: ``hf``, ``static``, ``vllm`` or ``auto`` (``vllm`` where it is installed
+    and runs the model, else ``static`` on GPU and ``hf`` on CPU)."""
     hf: HFEngineConfig = field(default_factory=HFEngineConfig)
     """HF engine settings."""
     gpu_memory_utilization: float = 0.9
@@ -50,17 +50,20 @@ class EvalRolloutConfig(RolloutConfig):
 class EvalActorRolloutRefConfig:
     """``actor_rollout_ref`` of evaluation: only its rollout."""
 
-    rollout: EvalRolloutConfig = field(default_factory=lambda: EvalRolloutConfig(greedy=True))
-    """The search loop; greedy unless ``n_samples > 1`` (then its temperature, top-p, top-k and seed apply)."""
+    rollout: EvalRolloutConfig = field(
+        default_factory=lambda: EvalRolloutConfig(greedy=True, max_prompt_tokens=1536, prompt_truncation="left")
+    )
+    """The search loop; greedy unless ``n_samples > 1`` (then its temperature, top-p, top-k and seed apply). Prompts
+    may be longer than in training (``naive_rag`` inlines passages) and are cut from the left beyond that."""
 
 
 @dataclass
 class EvalConfig:
     """The root of ``configs/eval.yaml``."""
 
-    do_search: bool = True
+    do_search: bool = RolloutConfig.do_search
     """Execute ``<search>`` actions (``search`` baseline only)."""
-    max_turns: int = 4
+    max_turns: int = RolloutConfig.max_turns
     """Search turns per episode (``search`` baseline only)."""
     baseline: str = "search"
     """``search`` (the rows' prompts, with search), ``no_search`` (closed book) or ``naive_rag`` (top-k passages of

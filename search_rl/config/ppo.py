@@ -10,7 +10,7 @@ from search_rl.config.algorithm import AlgorithmConfig
 from search_rl.config.errors import ConfigError
 from search_rl.config.model import ModelConfig, check_trainable_dtype
 from search_rl.config.roles import ActorRolloutRefConfig, CriticConfig
-from search_rl.config.rollout import RetrieverClientConfig
+from search_rl.config.rollout import RetrieverClientConfig, RolloutConfig
 from search_rl.config.run import DataConfig, RewardConfig, TrainerConfig
 
 DEFAULT_GROUP_SIZE = 4
@@ -25,9 +25,9 @@ DEFAULT_TIS_CAP = 2.0
 class PPOConfig:
     """The root of ``configs/ppo_trainer.yaml``."""
 
-    do_search: bool = True
+    do_search: bool = RolloutConfig.do_search
     """Execute ``<search>`` actions against the retriever (Search-R1's key)."""
-    max_turns: int = 4
+    max_turns: int = RolloutConfig.max_turns
     """Search turns per episode, then one final answer turn (Search-R1's key)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The starting policy."""
@@ -65,8 +65,8 @@ class PPOConfig:
 
     @property
     def engine_matches_trainer(self) -> bool:
-        """The engine's sampling log-probs are the trainer's up to float noise: the HF engine in float32."""
-        return self.actor_rollout_ref.rollout.engine == "hf" and self.model.dtype == "float32"
+        """The engine's sampling log-probs are the trainer's up to float noise: the HF or static engine in float32."""
+        return self.actor_rollout_ref.rollout.engine in ("hf", "static") and self.model.dtype == "float32"
 
     @property
     def on_policy_update(self) -> bool:

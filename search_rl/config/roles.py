@@ -37,11 +37,28 @@ class ActorConfig:
     ``rollout`` (the engine's sampling log-probs) or ``auto``: no pass when the update is exactly on-policy (one
     mini-batch, one epoch, fresh weights: the ratio is 1, so the current log-probs, detached, serve), the engine's
     when it computes as the trainer does (HF engine, float32), else recompute."""
+    logprob_chunk_tokens: int = 0
+    """Compute log-probs and entropies from the hidden states this many tokens at a time (the update and the old and
+    reference passes), never holding every token's full-vocabulary float32 logits; the backward recomputes each
+    chunk's logits (one more output-head matmul). The same values and gradients; 0 = all tokens at once."""
+    ppo_max_token_len_per_gpu: int = 0
+    """Size the update's micro-batches by padded tokens (rows x longest prompt + longest response) instead of
+    ``ppo_micro_batch_size_per_gpu`` samples: rows sorted by length are packed up to this budget (a longer row goes
+    alone). The loss is the same however a mini-batch is split; 0 = by samples."""
+    log_prob_max_token_len_per_gpu: int = 0
+    """The same token budget for the old and reference log-prob passes (forward only: can be about twice
+    ``ppo_max_token_len_per_gpu``); 0 = by the passes' ``log_prob_micro_batch_size_per_gpu`` samples."""
+    log_prob_sort_by_length: bool = True
+    """Run the old and reference log-prob passes over rows sorted by length, so each micro-batch is cut to rows of
+    similar length (results are returned in the batch's order)."""
 
     def __post_init__(self) -> None:
         for name in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"actor_rollout_ref.actor.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("logprob_chunk_tokens", "ppo_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"actor_rollout_ref.actor.{name} must be >= 0 (0 = off), got {getattr(self, name)}")
         if self.old_logprobs not in OLD_LOGPROB_SOURCES:
             raise ConfigError(
                 f"actor_rollout_ref.actor.old_logprobs must be one of {OLD_LOGPROB_SOURCES}, got {self.old_logprobs!r}"

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from search_rl.config.errors import ConfigError
 from search_rl.config.search_backends import RecordingConfig, SimulatedSearchConfig, WebSearchConfig, check_backend
 
-ENGINES = ("auto", "hf", "vllm")
+ENGINES = ("auto", "hf", "static", "vllm")
 
 
 @dataclass
@@ -85,13 +85,13 @@ class RolloutConfig:
     """Execute ``<search>`` actions; when false every episode is a single answer turn."""
     max_turns: int = 4
     """Search turns; one further final turn follows, in which search is off and the model must answer."""
-    max_prompt_tokens: int = 1024
+    max_prompt_tokens: int = 512
     """Longest prompt; longer prompts are an error or are cut from the left (``prompt_truncation``)."""
     max_turn_tokens: int = 256
     """Most tokens the model may generate in one turn."""
-    max_obs_tokens: int = 512
+    max_obs_tokens: int = 384
     """Most tokens of one inserted observation; passage text is cut to fit, the tags never are."""
-    max_response_tokens: int = 2048
+    max_response_tokens: int = 1024
     """Most tokens of the whole response (model turns plus observations); the episode ends when it is spent."""
     max_query_chars: int = 512
     """Longest accepted search query; longer ones are invalid actions."""
@@ -167,7 +167,7 @@ class HFEngineConfig:
             raise ValueError(f"engine.max_batch_size must be >= 1, got {self.max_batch_size}")
 
 
-VLLM_WEIGHT_SYNCS = ("auto", "disk", "ipc", "nccl")
+VLLM_WEIGHT_SYNCS = ("auto", "disk", "ipc")
 
 
 @dataclass
@@ -180,7 +180,8 @@ class VLLMEngineConfig:
     beside a trainer on the same machine); on GPU what ``gpu_memory_utilization`` leaves. The environment variable
     ``VLLM_CPU_KVCACHE_SPACE`` (GiB), when set, wins on CPU."""
     tensor_parallel_size: int = 1
-    """GPUs one engine shards the model over (GPU only)."""
+    """GPUs one engine shards the model over (GPU only). Training refuses more than 1: each engine lives in a worker
+    given one GPU. Evaluation runs its engine in its own process and may shard it over the GPUs that process sees."""
     enforce_eager: bool = True
     """Run without CUDA graphs / torch.compile: starts in seconds; false is faster per token on GPU once warm."""
     sleep_level: int = 0
@@ -189,8 +190,9 @@ class VLLMEngineConfig:
     weights and KV cache dropped (least memory; the next weight update refills them)."""
     weight_sync: str = "auto"
     """How ``update_weights`` reaches the engine's workers: ``disk`` (safetensors in /dev/shm, reloaded in place;
-    any device), ``ipc`` (CUDA IPC handles, an engine on the caller's GPU), ``nccl`` (NCCL broadcast, an engine on
-    other GPUs), or ``auto`` (``disk`` on CPU; ``ipc`` on GPU with ``tensor_parallel_size`` 1, else ``nccl``)."""
+    any device), ``ipc`` (CUDA IPC handles to the engine on the same GPU; sets ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``
+    in the engine's process, docs/rollout.md "vLLM"), or ``auto`` (``disk`` on CPU, ``ipc`` on GPU). ``nccl`` is
+    refused: the sender and the engine share one GPU, where NCCL cannot run."""
 
     def __post_init__(self) -> None:
         if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
@@ -199,6 +201,12 @@ class VLLMEngineConfig:
             raise ConfigError(f"rollout.vllm.tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.sleep_level not in (0, 1, 2):
             raise ConfigError(f"rollout.vllm.sleep_level must be 0 (off), 1 or 2, got {self.sleep_level}")
+        if self.weight_sync == "nccl":
+            raise ConfigError(
+                "rollout.vllm.weight_sync=nccl has no working layout here: the weights are sent from the engine's "
+                "own process, on the engine's GPU, and NCCL refuses two ranks on one GPU; use ipc (GPU) or disk "
+                "(any device)"
+            )
         if self.weight_sync not in VLLM_WEIGHT_SYNCS:
             raise ConfigError(f"rollout.vllm.weight_sync must be one of {VLLM_WEIGHT_SYNCS}, got {self.weight_sync!r}")
 
@@ -212,10 +220,11 @@ class TrainRolloutConfig(RolloutConfig):
 
     n: int | None = None
     """Samples per prompt; ``null`` = 1, or 4 for estimators that compare samples of a prompt (``grpo``, ``rloo``)."""
-    engine: str = "hf"
-    """Generation backend: ``hf`` (transformers, CPU or GPU), ``vllm`` (``search-rl[vllm]``; on CPU ``make
+    engine: str = "auto"
+    """Generation backend: ``hf`` (transformers, CPU or GPU), ``static`` (transformers with a static KV cache and
+    CUDA-graph decoding, for GPU; takes the ``hf`` settings), ``vllm`` (``search-rl[vllm]``; on CPU ``make
     install-vllm``) or ``auto``: ``vllm`` where it is installed and runs the model (on CPU: head_dim >= 32), else
-    ``hf``."""
+    ``static`` on GPU and ``hf`` on CPU."""
     hf: HFEngineConfig = field(default_factory=HFEngineConfig)
     """Settings of the ``hf`` engine."""
     gpu_memory_utilization: float = 0.4
@@ -242,6 +251,13 @@ class TrainRolloutConfig(RolloutConfig):
             raise ConfigError(f"actor_rollout_ref.rollout.engine must be one of {ENGINES}, got {self.engine!r}")
         if self.log_prob_micro_batch_size_per_gpu < 1:
             raise ConfigError("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu must be >= 1")
+        if self.vllm.tensor_parallel_size > 1:
+            raise ConfigError(
+                f"actor_rollout_ref.rollout.vllm.tensor_parallel_size={self.vllm.tensor_parallel_size}: in training "
+                "each vLLM engine lives in a worker given exactly one GPU (an actor worker, or a generator in the "
+                "asynchronous modes), so it cannot shard over more; use 1 with a model that fits one GPU, and more "
+                "engines through trainer.n_workers or trainer.n_generators"
+            )
 
     def search_loop_config(self) -> RolloutConfig:
         """The narrow ``RolloutConfig`` the generation manager takes (the trainer-only fields dropped)."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from search_rl.config.errors import ConfigError
 from search_rl.config.model import ModelConfig, OptimConfig, check_trainable_dtype
 from search_rl.config.roles import ActorConfig
-from search_rl.config.rollout import RetrieverClientConfig, TrainRolloutConfig
+from search_rl.config.rollout import RetrieverClientConfig, RolloutConfig, TrainRolloutConfig
 from search_rl.config.run import DataConfig, RewardConfig, TrainerConfig
 
 SFT_TRAIN_FILE = "data/datasets/nq_hotpotqa_mini/sft_train.parquet"
@@ -47,17 +47,17 @@ class SFTRolloutConfig:
 
     actor: SFTActorConfig = field(default_factory=SFTActorConfig)
     """Optimizer, micro-batches, clipping (same key paths as RL's ``actor_rollout_ref.actor``)."""
-    rollout: TrainRolloutConfig = field(default_factory=TrainRolloutConfig)
-    """Budgets the examples must fit, and the search loop of validation."""
+    rollout: TrainRolloutConfig = field(default_factory=lambda: TrainRolloutConfig(engine="hf"))
+    """Budgets the examples must fit, and the search loop of validation (the ``hf`` engine: ``rollout=hf``)."""
 
 
 @dataclass
 class SFTConfig:
     """The root of ``configs/sft_trainer.yaml``."""
 
-    do_search: bool = True
+    do_search: bool = RolloutConfig.do_search
     """Validation rollouts execute ``<search>`` actions (Search-R1's key)."""
-    max_turns: int = 4
+    max_turns: int = RolloutConfig.max_turns
     """Search turns per episode (validation; examples with more searches are left out and counted)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The starting policy."""
@@ -71,8 +71,13 @@ class SFTConfig:
     """The retriever service validation queries."""
     reward: RewardConfig = field(default_factory=RewardConfig)
     """Scoring of validation rollouts."""
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    """Loop length, validation and checkpoint schedule, workers, logging."""
+    trainer: TrainerConfig = field(
+        default_factory=lambda: TrainerConfig(
+            experiment_name="sft", default_local_dir="runs/sft", total_training_steps=100, save_freq=50, test_freq=50
+        )
+    )
+    """Loop length, validation and checkpoint schedule, workers, logging (100 steps of 16 examples: about one epoch
+    of the shipped trajectories)."""
 
     def __post_init__(self) -> None:
         check_trainable_dtype(self.model)

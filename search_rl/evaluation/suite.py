@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from search_rl.config import ConfigError, EvalConfig
+from search_rl.evaluation.run import evaluate, load_eval_config
 from search_rl.prompt_data import resolve_data_path
 from search_rl.rollout.retriever_client import RetrieverError
 
@@ -91,8 +92,6 @@ def present(d: SuiteDataset) -> Path | None:
 
 def run_suite(cfg: EvalConfig, names: Sequence[str]) -> tuple[list[SuiteRow], Path]:
     """Evaluate every present file of the chosen datasets once; returns one row per dataset and the suite folder."""
-    from search_rl.main_eval import evaluate
-
     chosen = [d for d in SUITE if d.name in names]
     root = Path(cfg.output_dir) / f"suite-{time.strftime('%Y%m%d-%H%M%S')}"
     by_file: dict[str, dict[str, float]] = {}
@@ -165,7 +164,6 @@ def tables(rows: Sequence[SuiteRow]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from search_rl.logging_setup import MESSAGE_FORMAT, configure_logging
-    from search_rl.main_eval import load_eval_config
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--datasets", default=",".join(NAMES), help=f"comma-separated, from {','.join(NAMES)}")

@@ -37,14 +37,8 @@ from search_rl.trainer.steps import (
     response_length_metrics,
     search_failure_rate,
 )
-
-
-class Workers(Protocol):
-    """What the loop needs from a worker group (``WorkerGroup`` or ``LocalWorkerGroup``)."""
-
-    def broadcast(self, method: str, *args: Any, **kwargs: Any) -> list[Any]: ...
-
-    def map_shards(self, method: str, batch: Any, *args: Any, **kwargs: Any) -> list[Any]: ...
+from search_rl.workers import Workers
+from search_rl.workers.actor_rollout_ref import ActorRolloutRefWorker
 
 
 class RolloutSource(Protocol):
@@ -90,13 +84,13 @@ class Collector(Protocol):
     def load_state_dict(self, state: dict[str, Any], step: int) -> None: ...
 
 
-def sync_actor_engines(actor: Workers, version: int) -> None:
+def sync_actor_engines(actor: Workers[ActorRolloutRefWorker], version: int) -> None:
     """Load the actor's trained weights into its own rollout engines, versioned by the step that produced them.
 
     Raises:
         RuntimeError: an engine reports another version.
     """
-    versions = [v for v, _ in actor.broadcast("sync_weights", version)]
+    versions = [v for v, _ in actor.broadcast(ActorRolloutRefWorker.sync_weights, version)]
     if set(versions) != {version}:
         raise RuntimeError(f"weight sync: engines report versions {versions}, expected {version}")
 
@@ -182,7 +176,7 @@ class SyncCollector:
 
     def __init__(
         self,
-        actor: Workers,
+        actor: Workers[ActorRolloutRefWorker],
         train_data: PromptLoader,
         algo: AlgorithmConfig,
         settings: StepSettings,
@@ -228,8 +222,8 @@ class SyncCollector:
 
     def generate(self, prompts: PromptBatch, step: int, metrics: dict[str, float], salt: int = 0) -> list[Trajectory]:
         """Sampled rollouts with search, sharded over the actor workers (``salt`` varies the seed within a step)."""
-        results: list[RolloutResult] = self.actor.map_shards(
-            "generate", prompts, greedy=False, seed=step_seed(self.seed, step, salt)
+        results = self.actor.map_shards(
+            ActorRolloutRefWorker.generate, prompts, greedy=False, seed=step_seed(self.seed, step, salt)
         )
         return self.scorer.rolled_out(results, step, metrics)
 

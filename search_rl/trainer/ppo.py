@@ -24,9 +24,13 @@ from search_rl.config import AlgorithmConfig, StepSettings
 from search_rl.reward.health import trajectory_health
 from search_rl.reward.scoring import score_trajectories
 from search_rl.tracking import timer
-from search_rl.trainer.collect import Collected, Collector, Workers
-from search_rl.trainer.loop import RunDumper, mean_worker_metrics, throughput_metrics
+from search_rl.trainer.collect import Collected, Collector
+from search_rl.trainer.dump import RunDumper
+from search_rl.trainer.metrics import mean_worker_metrics, throughput_metrics
 from search_rl.trainer.steps import compute_advantages, old_logprob_source
+from search_rl.workers import Workers
+from search_rl.workers.actor_rollout_ref import ActorRolloutRefWorker
+from search_rl.workers.critic import CriticWorker
 
 
 class PPOStep:
@@ -47,8 +51,8 @@ class PPOStep:
         algo: AlgorithmConfig,
         settings: StepSettings,
         *,
-        actor: Workers,
-        critic: Workers | None,
+        actor: Workers[ActorRolloutRefWorker],
+        critic: Workers[CriticWorker] | None,
         collector: Collector,
         dumper: RunDumper,
         critic_warmup: int = 0,
@@ -79,15 +83,17 @@ class PPOStep:
             batch = self.compute_old_logprobs(batch, m)
         if self.settings.use_reference:
             with timer("ref_log_prob", m):
-                batch = batch.replace(ref_logprobs=torch.cat(self.actor.map_shards("compute_ref_log_prob", batch)))
+                batch = batch.replace(
+                    ref_logprobs=torch.cat(self.actor.map_shards(ActorRolloutRefWorker.compute_ref_log_prob, batch))
+                )
         if self.critic is not None:
             with timer("values", m):
-                batch = batch.replace(values=torch.cat(self.critic.map_shards("compute_values", batch)))
+                batch = batch.replace(values=torch.cat(self.critic.map_shards(CriticWorker.compute_values, batch)))
         with timer("advantages", m):
             batch = self.compute_advantages(batch, prompts, m)
         if self.critic is not None:
             with timer("update_critic", m):
-                m.update(mean_worker_metrics(self.critic.map_shards("update_critic", batch, step=self.step)))
+                m.update(mean_worker_metrics(self.critic.map_shards(CriticWorker.update_critic, batch, step=self.step)))
         if self.step <= self.critic_warmup:  # the critic learns first: the policy and the engines stay as they are
             m["critic/warmup"] = 1.0
             return batch
@@ -113,7 +119,7 @@ class PPOStep:
             return batch
         if source == "rollout":
             return batch.replace(old_logprobs=batch.rollout_logprobs)
-        parts = self.actor.map_shards("compute_log_prob", batch)
+        parts = self.actor.map_shards(ActorRolloutRefWorker.compute_log_prob, batch)
         old = torch.cat([lp for lp, _ in parts])  # (B, T)
         entropy = torch.cat([ent for _, ent in parts])  # (B, T)
         mask = batch.response_mask
@@ -132,7 +138,7 @@ class PPOStep:
         """(B,) reward of each prompt's greedy rollout (ReMax's baseline), one rollout per distinct prompt."""
         first = {uid: i for i, uid in reversed(list(enumerate(prompts.uids)))}
         unique = prompts.select(sorted(first.values()))
-        results = self.actor.map_shards("generate", unique, greedy=True, seed=0)
+        results = self.actor.map_shards(ActorRolloutRefWorker.generate, unique, greedy=True, seed=0)
         trajectories = [t for r in results for t in r.trajectories]
         scores = score_trajectories(trajectories, unique, self.settings.reward, self.settings.response_width)
         by_uid = {uid: s.score for uid, s in zip(unique.uids, scores, strict=True)}
@@ -140,7 +146,8 @@ class PPOStep:
 
     def update_actor(self, batch: TrainBatch) -> dict[str, float]:
         on_policy = self.old_source == "current"
-        return mean_worker_metrics(self.actor.map_shards("update_actor", batch, step=self.step, on_policy=on_policy))
+        parts = self.actor.map_shards(ActorRolloutRefWorker.update_actor, batch, step=self.step, on_policy=on_policy)
+        return mean_worker_metrics(parts)
 
     def state_dict(self) -> dict[str, Any]:
         return {**self.collector.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict() if self.kl_ctrl else None}

@@ -14,14 +14,16 @@ from typing import Any
 from search_rl.batches import TrainBatch
 from search_rl.prompt_data import PromptLoader
 from search_rl.tracking import timer
-from search_rl.trainer.collect import Workers, sync_actor_engines
-from search_rl.trainer.loop import mean_worker_metrics, throughput_metrics
+from search_rl.trainer.collect import sync_actor_engines
+from search_rl.trainer.metrics import mean_worker_metrics, throughput_metrics
+from search_rl.workers import Workers
+from search_rl.workers.actor_rollout_ref import ActorRolloutRefWorker
 
 
 class SFTStep:
     """One supervised step over ``train_data`` (a ``PromptLoader`` over an ``SFTDataset``)."""
 
-    def __init__(self, actor: Workers, train_data: PromptLoader) -> None:
+    def __init__(self, actor: Workers[ActorRolloutRefWorker], train_data: PromptLoader) -> None:
         self.actor, self.train_data = actor, train_data
 
     def run(self, step: int) -> dict[str, float]:
@@ -30,7 +32,7 @@ class SFTStep:
         with timer("step", m):
             batch: TrainBatch = self.train_data.next_batch()
             with timer("update_actor", m):
-                m.update(mean_worker_metrics(self.actor.map_shards("update_sft", batch)))
+                m.update(mean_worker_metrics(self.actor.map_shards(ActorRolloutRefWorker.update_sft, batch)))
             with timer("sync_weights", m):
                 sync_actor_engines(self.actor, step)
         loader = self.train_data

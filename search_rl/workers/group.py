@@ -1,32 +1,83 @@
-"""``WorkerGroup``: ``n`` data-parallel Ray actors of one worker class, driven by two visible helpers.
+"""Worker groups: ``n`` data-parallel workers of one class, driven by two typed helpers.
 
-- ``broadcast(method, *args)``: every worker runs ``method(*args)``; returns their results in rank order.
-- ``map_shards(method, batch, *args)``: the batch is split into near-equal shards, worker ``i`` runs
+- ``broadcast(Worker.method, *args)``: every worker runs ``method(*args)``; returns their results in rank order.
+- ``map_shards(Worker.method, batch, *args)``: the batch is split into near-equal shards, worker ``i`` runs
   ``method(shard_i, *args)``; returns the results in rank order.
 
-Both call ``ray.get`` with the group's timeout, so a stuck collective fails the run instead of hanging it. This is
-verl's single controller (the driver owns the loop, workers own the weights) without its dispatch magic: methods
-are named strings resolved on the worker class, and ``WorkerGroup`` checks that the class has them.
-``LocalWorkerGroup`` runs one worker in the driver's process with the same interface (tests, benchmarks).
+The trainer passes the worker's method itself (``actor.broadcast(ActorRolloutRefWorker.save_checkpoint, path)``),
+never its name: the type checker checks the arguments and the result type, a renamed method is a type error, and a
+reader can jump from the call to the worker's code. The group calls the method of that name on its workers.
+
+``WorkerGroup`` runs the workers as Ray actors and calls ``ray.get`` with the group's timeout, so a stuck collective
+fails the run instead of hanging it. This is verl's single controller (the driver owns the loop, workers own the
+weights) without its dispatch magic. ``LocalWorkerGroup`` runs one worker in the driver's process with the same
+interface (``trainer.use_ray=false``, tests, benchmarks). ``Workers`` is what the trainer needs from either.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar
 
 from search_rl.batches import BatchOps
 from search_rl.workers.distributed import WorkerSpec
 
 logger = logging.getLogger(__name__)
 
+P = ParamSpec("P")
+R = TypeVar("R")
+B = TypeVar("B", bound=BatchOps)
+W_co = TypeVar("W_co", covariant=True)
 
-def _check_method(worker_cls: type, method: str) -> None:
-    if not callable(getattr(worker_cls, method, None)):
-        raise AttributeError(f"{worker_cls.__name__} has no method {method!r}")
+
+class DistributedWorker(Protocol):
+    """What a group needs from its worker class to join the workers in one process group."""
+
+    def master_address(self) -> tuple[str, int]: ...
+
+    def init_distributed(self, host: str, port: int) -> None: ...
 
 
-class WorkerGroup:
+W = TypeVar("W", bound=DistributedWorker)
+
+
+class Workers(Protocol[W_co]):
+    """A group of ``W_co`` workers (``WorkerGroup`` or ``LocalWorkerGroup``): what the trainer calls."""
+
+    def broadcast(self, method: Callable[Concatenate[W_co, P], R], *args: P.args, **kwargs: P.kwargs) -> list[R]:
+        """Run ``method(*args, **kwargs)`` on every worker; results in rank order."""
+        ...
+
+    def map_shards(
+        self, method: Callable[Concatenate[W_co, B, P], R], batch: B, *args: P.args, **kwargs: P.kwargs
+    ) -> list[R]:
+        """Split ``batch`` over the workers and run ``method(shard, *args, **kwargs)`` on each; results in order."""
+        ...
+
+    def start(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+    def __len__(self) -> int: ...
+
+
+def method_name(worker_cls: type, method: Callable[..., Any]) -> str:
+    """The name of ``method`` if ``worker_cls`` has a method of that name.
+
+    Raises:
+        TypeError: ``method`` is a string or not a method of ``worker_cls``.
+    """
+    name = getattr(method, "__name__", None)
+    if isinstance(method, str) or not isinstance(name, str) or not callable(getattr(worker_cls, name, None)):
+        raise TypeError(
+            f"{worker_cls.__name__} has no method {method!r}: pass one of its methods itself, such as "
+            f"{worker_cls.__name__}.{'save_checkpoint' if name is None else name}, not a name or another function"
+        )
+    return name
+
+
+class WorkerGroup(Generic[W]):
     """``n`` Ray actors of ``worker_cls``, ranks 0..n-1, joined in one process group.
 
     Args:
@@ -42,7 +93,7 @@ class WorkerGroup:
 
     def __init__(
         self,
-        worker_cls: type,
+        worker_cls: type[W],
         specs: list[WorkerSpec],
         *,
         name: str,
@@ -64,7 +115,7 @@ class WorkerGroup:
     def start(self) -> None:
         """Wait for the workers' constructors, then join them in one process group (rank 0 hosts the rendezvous)."""
         host, port = self._get([self.workers[0].master_address.remote()])[0]
-        self.broadcast("init_distributed", host, port)
+        self.broadcast(DistributedWorker.init_distributed, host, port)
         logger.info("%s: %d workers ready (rendezvous %s:%d)", self.name, len(self.workers), host, port)
 
     def __len__(self) -> int:
@@ -73,20 +124,22 @@ class WorkerGroup:
     def _get(self, refs: list[Any]) -> list[Any]:
         return list(self._ray.get(refs, timeout=self.timeout_s))
 
-    def broadcast(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+    def broadcast(self, method: Callable[Concatenate[W, P], R], *args: P.args, **kwargs: P.kwargs) -> list[R]:
         """Run ``method(*args, **kwargs)`` on every worker; results in rank order."""
-        _check_method(self.worker_cls, method)
-        return self._get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
+        name = method_name(self.worker_cls, method)
+        return self._get([getattr(w, name).remote(*args, **kwargs) for w in self.workers])
 
-    def map_shards(self, method: str, batch: BatchOps, *args: Any, **kwargs: Any) -> list[Any]:
+    def map_shards(
+        self, method: Callable[Concatenate[W, B, P], R], batch: B, *args: P.args, **kwargs: P.kwargs
+    ) -> list[R]:
         """Split ``batch`` over the workers and run ``method(shard, *args, **kwargs)`` on each; results in order.
 
         A batch smaller than the group uses the first ``len(batch)`` workers only (allowed for methods without
         collectives, such as ``generate``).
         """
-        _check_method(self.worker_cls, method)
+        name = method_name(self.worker_cls, method)
         shards = batch.split(len(self.workers))
-        refs = [getattr(w, method).remote(s, *args, **kwargs) for w, s in zip(self.workers, shards, strict=False)]
+        refs = [getattr(w, name).remote(s, *args, **kwargs) for w, s in zip(self.workers, shards, strict=False)]
         return self._get(refs)
 
     def shutdown(self) -> None:
@@ -96,28 +149,36 @@ class WorkerGroup:
         self.workers = []
 
 
-class LocalWorkerGroup:
+class LocalWorkerGroup(Generic[W]):
     """One worker in this process, with ``WorkerGroup``'s interface (no Ray; world size 1)."""
 
-    def __init__(self, worker_cls: type, spec: WorkerSpec, **init_kwargs: Any) -> None:
+    def __init__(self, worker_cls: type[W], spec: WorkerSpec, **init_kwargs: Any) -> None:
         if spec.world_size != 1:
             raise ValueError("LocalWorkerGroup runs exactly one worker (world_size=1); use WorkerGroup for more")
         self.worker_cls = worker_cls
-        self.worker = worker_cls(spec, **init_kwargs)
+        self.worker: W | None = worker_cls(spec, **init_kwargs)  # type: ignore[call-arg]
+
+    def _live(self) -> W:
+        if self.worker is None:
+            raise RuntimeError(f"the local {self.worker_cls.__name__} was shut down")
+        return self.worker
 
     def start(self) -> None:
-        self.worker.init_distributed(*self.worker.master_address())
+        worker = self._live()
+        worker.init_distributed(*worker.master_address())
 
     def __len__(self) -> int:
         return 1
 
-    def broadcast(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        _check_method(self.worker_cls, method)
-        return [getattr(self.worker, method)(*args, **kwargs)]
+    def broadcast(self, method: Callable[Concatenate[W, P], R], *args: P.args, **kwargs: P.kwargs) -> list[R]:
+        bound: Callable[P, R] = getattr(self._live(), method_name(self.worker_cls, method))
+        return [bound(*args, **kwargs)]
 
-    def map_shards(self, method: str, batch: BatchOps, *args: Any, **kwargs: Any) -> list[Any]:
-        _check_method(self.worker_cls, method)
-        return [getattr(self.worker, method)(batch, *args, **kwargs)]
+    def map_shards(
+        self, method: Callable[Concatenate[W, B, P], R], batch: B, *args: P.args, **kwargs: P.kwargs
+    ) -> list[R]:
+        bound: Callable[Concatenate[B, P], R] = getattr(self._live(), method_name(self.worker_cls, method))
+        return [bound(batch, *args, **kwargs)]
 
     def shutdown(self) -> None:
         self.worker = None

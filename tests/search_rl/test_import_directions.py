@@ -1,6 +1,8 @@
-"""Import directions (docs/architecture.md): ``data_prep → search_rl → retriever_server`` at package level, and
-inside ``search_rl`` the config holds data only: it never imports the algorithms, reward or rollout code that read
-it (``search_rl.configure`` resolves registry names).
+"""Import directions (docs/architecture.md): ``data_prep → search_rl → retriever_server`` at package level; inside
+``search_rl`` the config holds data only: it never imports the algorithms, reward or rollout code that read it
+(``search_rl.configure`` resolves registry names); no module of a package imports an entry point
+(``search_rl/main_*.py``, ``search_rl/demo.py``: they sit on top and know every concrete class); and the module-level
+imports of ``search_rl`` have no cycle.
 
 Run: python -m pytest tests/search_rl/test_import_directions.py -q
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -17,15 +20,47 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _imported_modules(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
+ENTRY_POINTS = sorted(["search_rl.demo", *(f"search_rl.{p.stem}" for p in (REPO / "search_rl").glob("main_*.py"))])
+"""The modules ``python -m`` runs; nothing else imports them."""
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _names(nodes: Iterable[ast.AST]) -> set[str]:
+    """Modules the import statements among ``nodes`` name; ``from a import b`` names ``a`` and ``a.b`` (``b`` may be a
+    module)."""
     names: set[str] = set()
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
     return names
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every import of the file, also those inside functions."""
+    return _names(ast.walk(ast.parse(path.read_text(), filename=str(path))))
+
+
+def _module_level_imports(path: Path) -> set[str]:
+    """The imports that run when the module is imported: module level, also inside ``if`` / ``try`` (not under
+    ``if TYPE_CHECKING``), not inside functions or classes."""
+
+    def statements(body: list[ast.stmt]) -> Iterable[ast.stmt]:
+        for node in body:
+            yield node
+            if isinstance(node, ast.If) and not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
+                yield from statements(node.body + node.orelse)
+            elif isinstance(node, ast.Try):
+                yield from statements(node.body + [s for h in node.handlers for s in h.body] + node.orelse)
+                yield from statements(node.finalbody)
+
+    return _names(statements(ast.parse(path.read_text(), filename=str(path)).body))
 
 
 @pytest.mark.parametrize(
@@ -42,6 +77,54 @@ def test_packages_import_one_way(package: str, forbidden: str):
     assert not offenders, offenders
 
 
+def test_no_module_imports_an_entry_point():
+    # entry points may drive each other (the demo runs main_ppo's stages); scripts (bench/, tests) may call them
+    offenders = sorted(
+        f"{path.relative_to(REPO)} imports {name}"
+        for package in ("search_rl", "retriever_server", "data_prep")
+        for path in (REPO / package).rglob("*.py")
+        if _module_name(path) not in ENTRY_POINTS
+        for name in _imported_modules(path)
+        if name in ENTRY_POINTS
+    )
+    assert not offenders, f"move what they need out of the entry point into its package: {offenders}"
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of ``graph`` (module -> modules it imports), or []."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> list[str]:
+        state[module] = 1
+        path.append(module)
+        for dep in sorted(graph[module]):
+            if state.get(dep) == 1:
+                return [*path[path.index(dep) :], dep]
+            if dep not in state and (found := visit(dep)):
+                return found
+        path.pop()
+        state[module] = 2
+        return []
+
+    for module in sorted(graph):
+        if module not in state and (found := visit(module)):
+            return found
+    return []
+
+
+def test_module_level_imports_have_no_cycle():
+    paths = {_module_name(p): p for p in (REPO / "search_rl").rglob("*.py")}
+    graph = {m: {n for n in _module_level_imports(p) if n in paths and n != m} for m, p in paths.items()}
+    cycle = _cycle(graph)
+    assert not cycle, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) == []
+
+
 def test_config_imports_no_code_that_reads_it():
     # a fresh interpreter: what importing the config package pulls in, transitively
     code = (
@@ -54,5 +137,17 @@ def test_config_imports_no_code_that_reads_it():
 
 def test_the_check_sees_an_import(tmp_path: Path):
     module = tmp_path / "m.py"
-    module.write_text("import os\nfrom data_prep.synth_sft import read_input\nfrom . import x\n")
-    assert _imported_modules(module) == {"os", "data_prep.synth_sft"}
+    module.write_text(
+        "import os\nfrom data_prep.synth_sft import read_input\nfrom . import x\n"
+        "def f():\n    from search_rl import main_eval\n"
+        "if TYPE_CHECKING:\n    import typing_only\n"
+    )
+    assert _imported_modules(module) == {
+        "os",
+        "data_prep.synth_sft",
+        "data_prep.synth_sft.read_input",
+        "search_rl",
+        "search_rl.main_eval",
+        "typing_only",
+    }
+    assert _module_level_imports(module) == {"os", "data_prep.synth_sft", "data_prep.synth_sft.read_input"}

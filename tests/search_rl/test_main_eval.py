@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from search_rl.main_eval import evaluate, load_eval_config
+from search_rl.evaluation.run import evaluate, load_eval_config
 from search_rl.tracking.jsonl import read_jsonl
 
 pytestmark = pytest.mark.integration

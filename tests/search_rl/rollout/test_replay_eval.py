@@ -14,10 +14,10 @@ import re
 
 import pytest
 
-import search_rl.main_eval as main_eval
+import search_rl.evaluation.run as eval_run
 from retriever_server.launcher import RetrieverProcess, bm25_env
 from retriever_server.settings import SHIPPED_CORPUS
-from search_rl.main_eval import evaluate, load_eval_config
+from search_rl.evaluation.run import evaluate, load_eval_config
 from search_rl.rollout.recording import RecordingStore
 from search_rl.tools.rollout_viewer import load_records, render_record
 from search_rl.tracking.jsonl import read_jsonl
@@ -60,14 +60,14 @@ class SearchTheQuestion:
 
 @pytest.fixture
 def searching_engine(monkeypatch):
-    build = main_eval.build_standalone_engine
+    build = eval_run.build_standalone_engine
 
     def engine(cfg, tokenizer, model, policy=None):
         built = build(cfg, tokenizer, model, policy=policy)
         built.logits_processor = SearchTheQuestion(tokenizer)
         return built
 
-    monkeypatch.setattr(main_eval, "build_standalone_engine", engine)
+    monkeypatch.setattr(eval_run, "build_standalone_engine", engine)
 
 
 def test_replay_reproduces_a_recorded_evaluation_with_the_retriever_stopped(searching_engine, tmp_path):

@@ -14,10 +14,11 @@ import torch
 
 from search_rl.config import ConfigError
 from search_rl.configure import load_config
-from search_rl.main_eval import evaluate, load_eval_config
+from search_rl.evaluation.run import evaluate, load_eval_config
 from search_rl.main_ppo import prepare as prepare_ppo
 from search_rl.main_sft import build_actor, build_trainer, load_sft_config, prepare, train
 from search_rl.models import load_model, load_tokenizer, model_context_length
+from search_rl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from search_rl.workers.forward import response_logprobs
 
 pytestmark = pytest.mark.integration
@@ -54,7 +55,7 @@ def test_the_loss_is_the_nll_of_model_tokens_only(sft_parquet, retriever_url, tm
         logprobs, _ = response_logprobs(actor.worker.policy, batch, 1.0)
     model_only = -(logprobs * batch.response_mask).sum() / batch.response_mask.sum()
     every_token = -(logprobs * batch.response_attention_mask).sum() / batch.response_attention_mask.sum()
-    m = actor.map_shards("update_sft", batch)[0]
+    m = actor.map_shards(ActorRolloutRefWorker.update_sft, batch)[0]
     assert m["sft/nll"] == pytest.approx(float(model_only), rel=1e-4)
     assert abs(float(every_token) - float(model_only)) > 1e-3, "the two masks must give different losses here"
     assert m["perf/sft_loss_tokens"] == float(batch.response_mask.sum()) and m["actor/grad_norm"] > 0

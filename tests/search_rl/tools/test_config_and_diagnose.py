@@ -21,8 +21,9 @@ def test_print_config_sources():
     assert "= 3" in _line(text, "trainer.total_training_steps")
     assert _line(text, "model.path").endswith("# configs/model/tiny.yaml")
     assert _line(text, "algorithm.adv_estimator").endswith("# configs/algorithm/grpo.yaml")
-    assert _line(text, "actor_rollout_ref.rollout.max_turn_tokens").endswith("# configs/rollout/hf.yaml")
-    assert _line(text, "max_turns").endswith("# configs/ppo_trainer.yaml")
+    assert _line(text, "actor_rollout_ref.rollout.max_turns").endswith("# configs/rollout/hf.yaml")
+    assert _line(text, "trainer.default_local_dir").endswith("# configs/trainer/default.yaml")
+    assert _line(text, "max_turns").endswith("# default")
     assert _line(text, "algorithm.kl_horizon").endswith("# default")
     # interpolations are resolved: the rollout's copy of max_turns follows the override
     assert "= 2" in _line(print_config.render("ppo_trainer", ["max_turns=2"]), "actor_rollout_ref.rollout.max_turns")

@@ -20,6 +20,7 @@ from search_rl.datatypes import GroundTruth, RewardResult, Trajectory
 from search_rl.main_ppo import build_trainer, build_workers, prepare
 from search_rl.reward import REWARDS
 from search_rl.trainer.dynamic_sampling import groups_with_spread
+from search_rl.workers.actor_rollout_ref import ActorRolloutRefWorker
 
 pytestmark = pytest.mark.slow  # whole training steps of the tiny model, 4-9 s each
 
@@ -62,7 +63,7 @@ def test_one_step_per_estimator(estimator, extra, tmp_path):
     assert math.isfinite(m["actor/loss"]) and m["rollout/weight_version"] == 0
     assert m["rollout/searches_mean"] == 0 and m["rollout/turns_mean"] == 1  # search off: one answer turn
     assert "val/all/em" in m and ("critic/vf_loss" in m) == (estimator == "gae")
-    assert actor.broadcast("sync_weights", 5) == [(5, [])]
+    assert actor.broadcast(ActorRolloutRefWorker.sync_weights, 5) == [(5, [])]
 
 
 def _one_step(tmp_path, overrides: list[str]) -> dict[str, float]:

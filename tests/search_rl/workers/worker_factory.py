@@ -4,6 +4,7 @@ a real rollout batch, and whole (unsharded) views of sharded tensors."""
 from __future__ import annotations
 
 import socket
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -26,7 +27,9 @@ from search_rl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from search_rl.workers.critic import CriticWorker
 
 ALGO = AlgorithmConfig(adv_estimator="grpo", use_kl_loss=True, entropy_coeff=0.01)
-ROLLOUT = TrainRolloutConfig(n=2, max_turns=1, max_turn_tokens=16, max_obs_tokens=96, max_response_tokens=96)
+ROLLOUT = TrainRolloutConfig(
+    n=2, engine="hf", max_turns=1, max_turn_tokens=16, max_obs_tokens=96, max_response_tokens=96
+)
 
 
 def make_actor(
@@ -40,8 +43,10 @@ def make_actor(
     device: str = "cpu",
     lora_rank: int = 0,
     share_prompts: bool = True,
+    **actor_options: Any,
 ) -> ActorRolloutRefWorker:
-    """The tiny-model actor (policy + HF engine + reference) of one rank; the group is not joined yet."""
+    """The tiny-model actor (policy + HF engine + reference) of one rank; the group is not joined yet.
+    ``actor_options``: further ``ActorConfig`` fields."""
     return ActorRolloutRefWorker(
         WorkerSpec(rank=rank, world_size=world, device=device, torch_threads=1, seed=0),
         ModelConfig(path="tiny", dtype=dtype, lora_rank=lora_rank),
@@ -51,6 +56,7 @@ def make_actor(
             ppo_micro_batch_size_per_gpu=micro,
             shuffle=False,
             share_prompts=share_prompts,
+            **actor_options,
         ),
         ROLLOUT,
         RefConfig(),
