@@ -11,8 +11,14 @@ weights need to be on the machine) and the BM25 retriever server. Then:
    an HF engine built from the *initial* weights: the engine's head is still its embedding, equal to the policy's
    (in the engine's dtype), and the two models' logits agree.
 
-Any failed check exits non-zero naming it. The last line reads
+Any failed check exits non-zero naming it. Then a table per step, a phase table (generate, old/reference log-prob
+passes, update, weight sync: mean seconds and share of the step) and the generation rate; the last line reads
 ``gpu_check ok device=... step_s=... gen_tok_s=... update_tok_s=... mfu=... peak_gb=... changed=...``.
+
+``--arch``: ``smollm2-135m`` (default), ``qwen2.5-0.5b``, ``qwen2.5-3b`` (full fine-tuning), ``qwen2.5-7b`` (LoRA
+rank 32 by default; no resume check: a second 30 GB checkpoint would not fit the disk). ``--levers`` then runs one
+update and its log-prob passes with and without the speed levers on one batch and prints seconds, update tokens/s,
+loss and gradient norm of each (``bench/update_levers.py``).
 
 On a bare CUDA machine (Python 3.12 with torch, transformers, peft, safetensors, pandas, pyarrow, httpx; no network,
 no Hydra, FastAPI or FAISS), carry the repository and what ``make gpu-wheels`` gathered into ``.whl/`` (~8 MB), and::
@@ -47,9 +53,36 @@ PEAK_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0}
 PHASES = ("rollout", "old_log_prob", "ref_log_prob", "update_actor", "sync_weights")
 
 
-ARCHS: dict[str, tuple[str, dict[str, object]]] = {
+@dataclass(frozen=True)
+class Arch:
+    """A model shape: its transformers config class and fields (from the published config.json), and what the check
+    changes for it."""
+
+    config_class: str
+    fields: dict[str, object]
+    overrides: tuple[str, ...] = ()
+    """``main_ppo`` overrides this shape needs (LoRA where full fine-tuning with AdamW would not fit one GPU)."""
+    resume: bool = True
+    """Run the resume check (a second checkpoint, on disk next to the first)."""
+    build_dtype: str = "float32"
+    """dtype of the random initial weights written to disk (bf16 halves a large model's file and build time)."""
+
+    @property
+    def tied(self) -> bool:
+        return bool(self.fields.get("tie_word_embeddings"))
+
+    @property
+    def lora_rank(self) -> int:
+        ranks = [int(o.split("=", 1)[1]) for o in self.overrides if o.startswith("model.lora_rank=")]
+        return ranks[-1] if ranks else 0
+
+
+QWEN25 = dict(max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6)
+"""Fields every Qwen2.5 shape shares (the context of the instruct releases)."""
+
+ARCHS: dict[str, Arch] = {
     # HuggingFaceTB/SmolLM2-135M-Instruct config.json
-    "smollm2-135m": (
+    "smollm2-135m": Arch(
         "LlamaConfig",
         dict(
             hidden_size=576,
@@ -65,7 +98,7 @@ ARCHS: dict[str, tuple[str, dict[str, object]]] = {
         ),
     ),
     # Qwen/Qwen2.5-0.5B config.json (vocabulary larger than the tokenizer's: rows past it are never used)
-    "qwen2.5-0.5b": (
+    "qwen2.5-0.5b": Arch(
         "Qwen2Config",
         dict(
             hidden_size=896,
@@ -74,18 +107,49 @@ ARCHS: dict[str, tuple[str, dict[str, object]]] = {
             num_attention_heads=14,
             num_key_value_heads=2,
             vocab_size=151936,
-            max_position_embeddings=32768,
-            rope_theta=1000000.0,
-            rms_norm_eps=1e-6,
             tie_word_embeddings=True,
+            **QWEN25,
         ),
+    ),
+    # Qwen/Qwen2.5-3B config.json: full fine-tuning (fp32 masters + AdamW ~48 GB)
+    "qwen2.5-3b": Arch(
+        "Qwen2Config",
+        dict(
+            hidden_size=2048,
+            intermediate_size=11008,
+            num_hidden_layers=36,
+            num_attention_heads=16,
+            num_key_value_heads=2,
+            vocab_size=151936,
+            tie_word_embeddings=True,
+            **QWEN25,
+        ),
+        build_dtype="bfloat16",
+    ),
+    # Qwen/Qwen2.5-7B config.json: LoRA (full fine-tuning with AdamW would need ~120 GB or offload); its merged fp32
+    # checkpoint is 30 GB, so the resume check (a second one) is left out on a 64 GB disk
+    "qwen2.5-7b": Arch(
+        "Qwen2Config",
+        dict(
+            hidden_size=3584,
+            intermediate_size=18944,
+            num_hidden_layers=28,
+            num_attention_heads=28,
+            num_key_value_heads=4,
+            vocab_size=152064,
+            tie_word_embeddings=False,
+            **QWEN25,
+        ),
+        overrides=("model.lora_rank=32", "model.lora_alpha=64"),
+        resume=False,
+        build_dtype="bfloat16",
     ),
 }
 
 
-def build_model(arch: str, tokenizer_dir: Path | None, out: Path) -> tuple[Path, int]:
+def build_model(arch: str, tokenizer_dir: Path | None, out: Path, device: str) -> tuple[Path, int]:
     """Write a random-weight HF folder of ``arch`` with the tokenizer (SmolLM2's when none is given); returns the
-    folder and the parameter count."""
+    folder and the parameter count. The weights are drawn on ``device`` (a 7B model's init is slow on CPU)."""
     import torch
     import transformers
 
@@ -95,18 +159,21 @@ def build_model(arch: str, tokenizer_dir: Path | None, out: Path) -> tuple[Path,
         tokenizer = load_tokenizer("smollm2-135m-instruct")
     else:
         tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
-    config_name, fields = ARCHS[arch]
-    config = getattr(transformers, config_name)(
-        **fields,
+    spec = ARCHS[arch]
+    config = getattr(transformers, spec.config_class)(
+        **spec.fields,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, spec.build_dtype))
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    return out, sum(p.numel() for p in model.parameters())
+    n_params = sum(p.numel() for p in model.parameters())
+    del model
+    return out, n_params
 
 
 def changed_fraction(initial: Path, final: Path) -> float:
@@ -241,6 +308,39 @@ def install_wheels(wheels: Path) -> None:
     os.execve(sys.executable, [sys.executable, *argv], {**os.environ, "PYTHONPATH": path})
 
 
+def phase_table(history: list[dict[str, float]]) -> None:
+    """Mean seconds of each phase over the steps after the first (all steps when there is one) and its share of the
+    step, then the generation rate."""
+    steps = history[1:] or history
+    step_s = statistics.mean(m["timing/step_s"] for m in steps)
+    print(f"phase (mean of steps {int(steps[0]['step'])}-{int(steps[-1]['step'])}) | s | share of step")
+    accounted = 0.0
+    for phase in PHASES:
+        seconds = statistics.mean(m.get(f"timing/{phase}_s", 0.0) for m in steps)
+        accounted += seconds
+        print(f"{phase} | {seconds:.2f} | {seconds / step_s:.1%}")
+    print(f"other | {step_s - accounted:.2f} | {(step_s - accounted) / step_s:.1%}")
+    print(f"step | {step_s:.2f} | 100.0%")
+    gen = statistics.mean(m["rollout/gen_tokens_per_s"] for m in steps)
+    print(f"generation: {gen:.0f} tok/s")
+
+
+def step_table(history: list[dict[str, float]], n_params: int, peak: float | None, lora: bool) -> list[float]:
+    """One row per step; returns each step's MFU (``6N`` FLOPs per token, ``4N`` with LoRA: no weight gradients)."""
+    flops_per_token = (4 if lora else 6) * n_params
+    print("step | " + " | ".join(f"{p}_s" for p in PHASES) + " | step_s | gen tok/s | update tok/s | MFU | peak GB")
+    mfus = []
+    for m in history:
+        update_tps = m["perf/actor_update_tokens"] / m["timing/update_actor_s"]
+        mfus.append(flops_per_token * update_tps / (peak * 1e12) if peak else float("nan"))
+        cells = [f"{m.get(f'timing/{p}_s', 0.0):.2f}" for p in PHASES]
+        print(
+            f"{m['step']} | " + " | ".join(cells) + f" | {m['timing/step_s']:.2f} | {m['rollout/gen_tokens_per_s']:.0f}"
+            f" | {update_tps:.0f} | {mfus[-1]:.3f} | {m.get('perf/max_memory_allocated_gb', float('nan')):.2f}"
+        )
+    return mfus
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--wheels", type=Path, default=None, help="install these wheels first (make gpu-wheels)")
@@ -252,6 +352,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=None, help="samples per prompt (cuda 4, cpu 2)")
     ap.add_argument("--turn-tokens", type=int, default=None, help="most tokens per turn (cuda 256, cpu 16)")
     ap.add_argument("--micro", type=int, default=None, help="samples per forward pass (cuda 16, cpu 4)")
+    ap.add_argument("--levers", action="store_true", help="then one update with and without the speed levers")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--override", action="append", default=[], help="extra Hydra overrides (repeatable)")
     args = ap.parse_args()
@@ -266,7 +367,9 @@ def main() -> None:
     out = args.out or Path(tempfile.mkdtemp(prefix="gpu_check-"))
     shutil.rmtree(out / "run", ignore_errors=True)
     t_start = time.perf_counter()
-    model_dir, n_params = build_model(args.arch, args.tokenizer, out / "model")
+    arch = ARCHS[args.arch]
+    build_device = args.device if arch.build_dtype != "float32" else "cpu"
+    model_dir, n_params = build_model(args.arch, args.tokenizer, out / "model", build_device)
     run = Run(
         out=out,
         model_dir=model_dir,
@@ -275,7 +378,7 @@ def main() -> None:
         samples=args.samples or (4 if gpu else 2),
         turn_tokens=args.turn_tokens or (256 if gpu else 16),
         micro=args.micro or (16 if gpu else 4),
-        overrides=args.override,
+        overrides=[*arch.overrides, *args.override],
     )
     from retriever_server.launcher import RetrieverProcess, bm25_env
 
@@ -286,29 +389,38 @@ def main() -> None:
             sys.exit(
                 f"gpu_check FAILED weights changed: only {changed:.4f} of the elements moved in {args.steps} steps"
             )
-        resumed = run.main_ppo(retriever.url, steps=args.steps + 1)
-        check_resume(history, resumed, args.steps)
-    tied = check_tied_sync(run, args.steps)
+        if arch.resume:
+            resumed = run.main_ppo(retriever.url, steps=args.steps + 1)
+            check_resume(history, resumed, args.steps)
+    tied = check_tied_sync(run, args.steps) if arch.tied else None
 
     name = torch.cuda.get_device_name() if gpu else "cpu"
     peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
     dtype = "bf16 compute, fp32 master" if gpu else "fp32"
-    print(f"\n{name}; {args.arch} ({n_params / 1e6:.1f}M parameters, random weights); {dtype}")
-    print("step | " + " | ".join(f"{p}_s" for p in PHASES) + " | step_s | gen tok/s | update tok/s | MFU | peak GB")
-    mfus, steps = [], []
-    for m in history:
-        update_tps = m["perf/actor_update_tokens"] / m["timing/update_actor_s"]
-        mfu = 6 * n_params * update_tps / (peak * 1e12) if peak else float("nan")
-        mfus.append(mfu)
-        steps.append(m["timing/step_s"])
-        cells = [f"{m.get(f'timing/{p}_s', 0.0):.2f}" for p in PHASES]
-        print(
-            f"{m['step']} | " + " | ".join(cells) + f" | {m['timing/step_s']:.2f} | {m['rollout/gen_tokens_per_s']:.0f}"
-            f" | {update_tps:.0f} | {mfu:.3f} | {m.get('perf/max_memory_allocated_gb', float('nan')):.2f}"
-        )
+    lora = f", LoRA rank {arch.lora_rank}" if arch.lora_rank else ""
+    print(f"\n{name}; {args.arch} ({n_params / 1e6:.1f}M parameters, random weights{lora}); {dtype}")
+    mfus = step_table(history, n_params, peak, bool(arch.lora_rank))
+    phase_table(history)
     last = history[-1]
-    print(f"weights changed by {args.steps} steps: {changed:.4f} of the elements; resumed at step {args.steps + 1}")
-    print(f"tied sync: engine head is its embedding, equal to the policy's; logits max |diff| {tied:.3g}")
+    print(f"weights changed by {args.steps} steps: {changed:.4f} of the elements", end="")
+    print(f"; resumed at step {args.steps + 1}" if arch.resume else "; resume check left out for this shape")
+    if tied is not None:
+        print(f"tied sync: engine head is its embedding, equal to the policy's; logits max |diff| {tied:.3g}")
+    if args.levers:
+        from update_levers import compare_levers, print_rows
+
+        print_rows(
+            compare_levers(
+                model_dir,
+                args.device,
+                prompts=run.prompts,
+                samples=run.samples,
+                turn_tokens=run.turn_tokens,
+                micro=run.micro,
+                lora_rank=arch.lora_rank,
+            )
+        )
+    steps = [m["timing/step_s"] for m in history]
     print(
         f"gpu_check ok device={name.replace(' ', '_')} arch={args.arch}"
         f" step_s={statistics.mean(steps[1:] or steps):.2f}"

@@ -54,11 +54,12 @@ from search_rl.models.lora import (
 from search_rl.models.weights import save_hf_folder, tensor_aliases, without_aliases
 from search_rl.rollout.backends import build_retriever
 from search_rl.rollout.engines.base import RolloutEngine
-from search_rl.rollout.engines.factory import build_engine
+from search_rl.rollout.engines.factory import MODEL_ENGINES, build_engine
 from search_rl.rollout.generation_manager import LLMGenerationManager
 from search_rl.seeds import engine_seed, minibatch_shuffle_seed, rank_seed
 from search_rl.workers import distributed as D
 from search_rl.workers.forward import model_token_count, response_logprobs
+from search_rl.workers.micro_batches import length_order, micro_batches
 from search_rl.workers.optimization import TrainableModel
 from search_rl.workers.shared_prompts import SharedPrompts
 
@@ -145,7 +146,7 @@ class ActorRolloutRefWorker:
             if model.lora_rank:  # the frozen embeddings' output must carry grad for checkpointed blocks
                 base.enable_input_require_grads()
         # The engine's own full copy (the policy's shards cannot generate alone); vLLM loads an export instead.
-        hf_engine = rollout.engine == "hf"
+        hf_engine = rollout.engine in MODEL_ENGINES
         self.engine_model = (copy.deepcopy(frozen) if self.reference is not None else frozen) if hf_engine else None
         self.module: torch.nn.Module = self.policy
         self.trainable: TrainableModel | None = None
@@ -248,11 +249,14 @@ class ActorRolloutRefWorker:
     def _log_probs(
         self, model: torch.nn.Module, batch: TrainBatch, micro: int, with_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.actor_cfg
         model.eval()
+        order = length_order(batch) if cfg.log_prob_sort_by_length else torch.arange(len(batch))
         logprobs, entropies = [], []
         with torch.no_grad():
             shared = SharedPrompts(model, batch, grad=False) if self._share_prompts and len(batch) else None
-            for part, real in D.matched_passes(batch.split_by_size(micro), self.spec):
+            parts = micro_batches(batch.select(order), micro, cfg.log_prob_max_token_len_per_gpu)
+            for part, real in D.matched_passes(parts, self.spec):
                 lp, ent = response_logprobs(
                     model,
                     part,
@@ -260,12 +264,14 @@ class ActorRolloutRefWorker:
                     with_entropy=with_entropy,
                     only=self._needed(part),
                     shared=shared,
+                    chunk_tokens=cfg.logprob_chunk_tokens,
                 )
                 if real:
                     logprobs.append(lp.cpu())
                     entropies.append(ent.cpu() if ent is not None else torch.zeros_like(lp.cpu()))
         D.release_memory()
-        return torch.cat(logprobs), torch.cat(entropies)
+        restore = torch.argsort(order)  # back to the batch's row order
+        return torch.cat(logprobs)[restore], torch.cat(entropies)[restore]
 
     def _needed(self, batch: TrainBatch) -> torch.Tensor:
         """(B, T) the tokens whose log-probs any loss, KL or metric reads: the batch's loss mask once the driver set
@@ -308,6 +314,7 @@ class ActorRolloutRefWorker:
                 entropy_grad=need_entropy_grad,
                 only=self._needed(micro),
                 shared=shared[0] if shared else None,
+                chunk_tokens=cfg.logprob_chunk_tokens,
             )
             return actor_loss(micro, logprobs, entropy, self.algo, on_policy)
 
@@ -327,6 +334,7 @@ class ActorRolloutRefWorker:
             loss_agg_mode=self.algo.loss_agg_mode,
             keep_groups=self._share_prompts,
             mini_batch_scope=encode_prompts_once if self._share_prompts else None,
+            max_tokens=cfg.ppo_max_token_len_per_gpu,
         )
         metrics["perf/actor_update_tokens"] = float(model_token_count(batch) * cfg.ppo_epochs - saved[0])
         if self.spec.device == "cuda":  # this process's peak so far: policy, reference, engine, activations
@@ -342,7 +350,8 @@ class ActorRolloutRefWorker:
 
         def loss_fn(micro: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
             assert micro.loss_mask is not None
-            logprobs, _ = response_logprobs(self.module, micro, 1.0, only=micro.loss_mask)
+            chunk = self.actor_cfg.logprob_chunk_tokens
+            logprobs, _ = response_logprobs(self.module, micro, 1.0, only=micro.loss_mask, chunk_tokens=chunk)
             mask = micro.loss_mask.to(logprobs.device).float()
             nll = -(logprobs * mask).sum() / mask.sum().clamp(min=1.0)
             return nll, {"sft/nll": nll.item()}
@@ -355,6 +364,7 @@ class ActorRolloutRefWorker:
             epochs=1,
             shuffle_seed=None,
             loss_agg_mode="token-mean",
+            max_tokens=self.actor_cfg.ppo_max_token_len_per_gpu,
         )
         assert batch.loss_mask is not None
         metrics["perf/actor_update_tokens"] = float(model_token_count(batch))

@@ -21,6 +21,7 @@ from transformers import modeling_utils
 from search_rl.algorithms import entropy_from_logits
 from search_rl.batches import TrainBatch
 from search_rl.models.cache_arg import CACHE_KWARG
+from search_rl.workers.chunked_logprobs import lm_head_outputs
 from search_rl.workers.shared_prompts import SharedPrompts
 
 LOGITS_MASK_SUPPORTED: bool = hasattr(modeling_utils, "slice_logits_to_keep")
@@ -76,6 +77,7 @@ def response_logprobs(
     entropy_grad: bool = False,
     only: torch.Tensor | None = None,
     shared: SharedPrompts | None = None,
+    chunk_tokens: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of the response tokens under ``model`` at ``temperature`` (the sampling distribution), and
     optionally the per-token entropies; (B, T) each, 0 past each response. Gradients flow when enabled; the
@@ -87,6 +89,9 @@ def response_logprobs(
 
     ``shared``: the prompts' KV states, computed once for the batch ``batch`` belongs to (``SharedPrompts``); the
     pass then feeds only the last prompt token and the response.
+
+    ``chunk_tokens``: > 0 computes the values from the hidden states that many tokens at a time, never holding every
+    token's vocabulary logits (``chunked_logprobs``); 0 projects all tokens at once.
     """
     device = next(model.parameters()).device
     inputs: dict[str, object]
@@ -97,26 +102,86 @@ def response_logprobs(
     else:
         inputs, t = _inputs_after_shared_prompt(batch, shared, device)
     targets = batch.response_ids[:, :t].to(device)  # (B, t)
-    if only is None:
-        out = model(**inputs, logits_to_keep=t + 1)
-        logits = out.logits[:, :-1].float()  # (B, t, V)
-        wanted = None
+    wanted = only[:, :t].to(device).bool() if only is not None else None  # (B, t)
+    if chunk_tokens > 0:
+        entropy_grad = entropy_grad and torch.is_grad_enabled()
+        logprobs, entropies = _chunked_values(
+            model, inputs, targets, wanted, t, temperature, chunk_tokens, entropy_grad
+        )
+        if not entropy_grad:
+            entropies = entropies.detach()
     else:
-        wanted = only[:, :t].to(device).bool()  # (B, t)
-        logits = _wanted_logits(model, inputs, wanted, t)  # (N, V)
-        targets = targets[wanted]  # (N,)
-    if temperature != 1.0:
-        logits = logits / temperature
-    logprobs = logits.log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, t) or (N,)
-    entropy = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = entropy_from_logits(logits)  # (B, t) or (N,)
+        logprobs, entropies = _plain_values(model, inputs, targets, wanted, t, temperature, with_entropy, entropy_grad)
+    entropy = entropies if with_entropy else None
     if wanted is not None:
         logprobs = _scatter(logprobs, wanted)
         entropy = _scatter(entropy, wanted) if entropy is not None else None
     width = batch.response_ids.shape[1]
     return _pad_to(logprobs, width), (_pad_to(entropy, width) if entropy is not None else None)
+
+
+def _plain_values(
+    model: nn.Module,
+    inputs: dict[str, object],
+    targets: torch.Tensor,
+    wanted: torch.Tensor | None,
+    t: int,
+    temperature: float,
+    with_entropy: bool,
+    entropy_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probs, entropies), (B, t) or (N,) for the ``wanted`` tokens, from the float logits of all of them; the
+    entropies are zeros unless ``with_entropy``."""
+    if wanted is None:
+        logits = model(**inputs, logits_to_keep=t + 1).logits[:, :-1].float()  # (B, t, V)
+    else:
+        logits = _wanted_logits(model, inputs, wanted, t)  # (N, V)
+        targets = targets[wanted]  # (N,)
+    if temperature != 1.0:
+        logits = logits / temperature
+    logprobs = logits.log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, t) or (N,)
+    if not with_entropy:
+        return logprobs, torch.zeros_like(logprobs)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        return logprobs, entropy_from_logits(logits)
+
+
+def _chunked_values(
+    model: nn.Module,
+    inputs: dict[str, object],
+    targets: torch.Tensor,
+    wanted: torch.Tensor | None,
+    t: int,
+    temperature: float,
+    chunk: int,
+    entropy_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_plain_values`` computed inside the model's output head, ``chunk`` tokens at a time (``lm_head_outputs``)."""
+    keep: int | torch.Tensor = t + 1
+    if wanted is not None and LOGITS_MASK_SUPPORTED:
+        length = inputs["input_ids"].shape[1]  # type: ignore[attr-defined]
+        keep = torch.zeros((len(wanted), length), dtype=torch.bool, device=wanted.device)  # (B, L)
+        keep[:, length - t - 1 : length - 1] = wanted  # the position before a token predicts it
+
+    def rows(hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(keep, torch.Tensor):  # the head already received the wanted rows, (N, H)
+            return hidden, targets[wanted]
+        hidden = hidden[:, :-1]  # (B, t, H)
+        if wanted is None:
+            return hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+        return hidden[wanted], targets[wanted]
+
+    with lm_head_outputs(model, rows, temperature, chunk, entropy_grad) as returned:
+        out = model(**inputs, logits_to_keep=keep).logits  # (N, 2)
+    if len(returned) != 1 or not torch.equal(out, returned[0]):
+        raise ValueError(
+            f"actor_rollout_ref.actor.logprob_chunk_tokens: {type(model).__name__} changed its output head's values "
+            f"(a logit scale or soft-cap); set logprob_chunk_tokens=0"
+        )
+    logprobs, entropy = out[:, 0], out[:, 1]  # (N,) each
+    if wanted is None:
+        logprobs, entropy = logprobs.view(targets.shape), entropy.view(targets.shape)  # (B, t)
+    return logprobs, entropy
 
 
 def _wanted_logits(model: nn.Module, inputs: dict[str, object], wanted: torch.Tensor, t: int) -> torch.Tensor:

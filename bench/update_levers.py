@@ -1,0 +1,210 @@
+"""One actor update and its log-prob passes with and without the speed levers, on the same batch and weights.
+
+The levers (``actor_rollout_ref.actor.*``, docs/training.md "Faster updates"): chunked log-probs
+(``logprob_chunk_tokens``), token-budget micro-batches (``ppo_max_token_len_per_gpu``,
+``log_prob_max_token_len_per_gpu``) and length-sorted log-prob passes (``log_prob_sort_by_length``). Each is exact,
+so loss and gradient norm agree up to the compute dtype's rounding; what changes is time and peak memory.
+
+One worker (world size 1) rolls out a GRPO batch once (no search), then runs, per setting, the old and reference
+log-prob passes and one optimizer step over the whole batch at a learning rate of 1e-30, which leaves the weights as
+they were, so every setting starts from them. A warm-up update runs first. Prints one row per setting.
+
+Run alone (or through ``bench/gpu_check.py --levers``)::
+
+    python bench/update_levers.py --model <HF folder> [--device cpu] [--micro 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = REPO / "data" / "datasets" / "nq_hotpotqa_mini" / "train.parquet"
+
+
+@dataclasses.dataclass
+class LeverRow:
+    """One setting's measurements."""
+
+    name: str
+    old_s: float
+    ref_s: float
+    update_s: float
+    update_tokens: float
+    loss: float
+    grad_norm: float
+    peak_gb: float
+
+    @property
+    def update_tok_s(self) -> float:
+        return self.update_tokens / self.update_s
+
+
+def compare_levers(
+    model_dir: Path,
+    device: str,
+    *,
+    prompts: int,
+    samples: int,
+    turn_tokens: int,
+    micro: int,
+    lora_rank: int = 0,
+    chunk_tokens: int = 2048,
+    max_tokens: int | None = None,
+) -> list[LeverRow]:
+    """Rows for the levers off and on (``max_tokens`` None: the update's budget is ``micro`` times the mean row's
+    padded length, the log-prob passes' twice that)."""
+    import torch
+
+    from search_rl.batches import BatchMeta
+    from search_rl.config import (
+        ActorConfig,
+        AlgorithmConfig,
+        ModelConfig,
+        OptimConfig,
+        RefConfig,
+        RetrieverClientConfig,
+        TrainRolloutConfig,
+    )
+    from search_rl.prompt_data import PromptDataset, read_rows
+    from search_rl.trainer.steps import build_train_batch, compute_advantages, place_scores
+    from search_rl.workers import WorkerSpec
+    from search_rl.workers.actor_rollout_ref import ActorRolloutRefWorker
+    from search_rl.workers.micro_batches import padded_tokens
+
+    gpu = device == "cuda"
+    algo = AlgorithmConfig(adv_estimator="grpo", use_kl_loss=True)
+    rollout = TrainRolloutConfig(
+        n=samples,
+        engine="hf",
+        do_search=False,
+        max_turns=0,
+        max_turn_tokens=turn_tokens,
+        max_response_tokens=turn_tokens,
+    )
+    off = ActorConfig(
+        optim=OptimConfig(lr=1e-30),
+        ppo_mini_batch_size=prompts,
+        ppo_micro_batch_size_per_gpu=micro,
+        shuffle=False,
+        log_prob_sort_by_length=False,
+    )
+    rollout.log_prob_micro_batch_size_per_gpu = micro
+    worker = ActorRolloutRefWorker(
+        WorkerSpec(rank=0, world_size=1, device=device, seed=0),
+        ModelConfig(path=str(model_dir), dtype="bfloat16" if gpu else "float32", lora_rank=lora_rank),
+        off,
+        rollout,
+        RefConfig(log_prob_micro_batch_size_per_gpu=micro),
+        algo,
+        RetrieverClientConfig(url="http://127.0.0.1:9"),  # never called: no search
+    )
+    worker.init_distributed("127.0.0.1", 0)
+    dataset = PromptDataset(read_rows([str(DATA)])[:prompts], worker.tokenizer, 512, True)
+    batch_prompts = dataset.batch(range(len(dataset))).repeat_interleave(samples)
+    result = worker.generate(batch_prompts, False, 123)
+    pad = worker.tokenizer.pad_token_id
+    batch = build_train_batch(result.trajectories, batch_prompts, pad, turn_tokens, BatchMeta(step=1))
+    batch = batch.replace(token_level_scores=place_scores(batch, [float(i % 3 == 0) for i in range(len(batch))]))
+    batch = batch.replace(
+        old_logprobs=worker.compute_log_prob(batch)[0], ref_logprobs=worker.compute_ref_log_prob(batch)
+    )
+    batch = compute_advantages(batch, algo, None)[0]
+    if max_tokens is None:
+        max_tokens = max(padded_tokens(batch.select(torch.tensor([i]))) for i in range(len(batch)))
+        max_tokens = max(max_tokens, math.ceil(micro * padded_tokens(batch) / len(batch)))
+    on = dataclasses.replace(
+        off,
+        logprob_chunk_tokens=chunk_tokens,
+        ppo_max_token_len_per_gpu=max_tokens,
+        log_prob_max_token_len_per_gpu=2 * max_tokens,
+        log_prob_sort_by_length=True,
+    )
+    print(
+        f"levers on: chunk {chunk_tokens} tokens, update budget {max_tokens} tokens, log-prob budget "
+        f"{2 * max_tokens}, sorted log-prob passes; {len(batch)} samples",
+        flush=True,
+    )
+    rows = []
+    for name, cfg in (("warm-up", off), ("off", off), ("on", on)):
+        worker.actor_cfg = cfg
+        if gpu:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        worker.compute_log_prob(batch)
+        t1 = time.perf_counter()
+        worker.compute_ref_log_prob(batch)
+        t2 = time.perf_counter()
+        metrics = worker.update_actor(batch, step=1)
+        if gpu:
+            torch.cuda.synchronize()
+        t3 = time.perf_counter()
+        peak = torch.cuda.max_memory_allocated() / 2**30 if gpu else float("nan")
+        rows.append(
+            LeverRow(
+                name,
+                t1 - t0,
+                t2 - t1,
+                t3 - t2,
+                metrics["perf/actor_update_tokens"],
+                metrics["actor/loss"],
+                metrics["actor/grad_norm"],
+                peak,
+            )
+        )
+    return rows[1:]
+
+
+def print_rows(rows: list[LeverRow]) -> None:
+    """The comparison table and the relative differences of loss and gradient norm."""
+    print("levers | old log-prob s | ref log-prob s | update s | update tok/s | loss | grad norm | peak GB")
+    for r in rows:
+        print(
+            f"{r.name} | {r.old_s:.2f} | {r.ref_s:.2f} | {r.update_s:.2f} | {r.update_tok_s:.0f} | {r.loss:.6g}"
+            f" | {r.grad_norm:.6g} | {r.peak_gb:.2f}"
+        )
+    off, on = rows[0], rows[-1]
+    loss_diff = abs(on.loss - off.loss) / max(abs(off.loss), 1e-12)
+    norm_diff = abs(on.grad_norm - off.grad_norm) / max(abs(off.grad_norm), 1e-12)
+    print(
+        f"levers: loss rel diff {loss_diff:.2e}, grad norm rel diff {norm_diff:.2e}, "
+        f"update {on.update_tok_s / off.update_tok_s:.2f}x, log-prob passes "
+        f"{(off.old_s + off.ref_s) / max(on.old_s + on.ref_s, 1e-9):.2f}x"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, required=True, help="an HF model folder with its tokenizer")
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--samples", type=int, default=4)
+    ap.add_argument("--turn-tokens", type=int, default=256)
+    ap.add_argument("--micro", type=int, default=16)
+    ap.add_argument("--lora-rank", type=int, default=0)
+    ap.add_argument("--chunk-tokens", type=int, default=2048)
+    ap.add_argument("--max-tokens", type=int, default=None, help="the update's token budget (default: see above)")
+    args = ap.parse_args()
+    sys.path.insert(0, str(REPO))
+    rows = compare_levers(
+        args.model,
+        args.device,
+        prompts=args.prompts,
+        samples=args.samples,
+        turn_tokens=args.turn_tokens,
+        micro=args.micro,
+        lora_rank=args.lora_rank,
+        chunk_tokens=args.chunk_tokens,
+        max_tokens=args.max_tokens,
+    )
+    print_rows(rows)
+
+
+if __name__ == "__main__":
+    main()
