@@ -491,14 +491,15 @@ def run_demo(s: DemoSettings, port: int) -> int:
     check_data()
     check_budgets(s)
     settings = get_settings()
+    retriever = RetrieverProcess(port=port, ready_timeout_s=3600, log_path=s.run_dir / "retriever.log")
     logger.info(
-        "starting the retriever (%s over %s); the first start builds and caches the index ...",
+        "starting the retriever at %s (%s over %s); the first start builds and caches the index ...",
+        retriever.url,
         settings.method.value,
         settings.corpus_path,
     )
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
-    retriever = RetrieverProcess(port=port, ready_timeout_s=3600, log_path=s.run_dir / "retriever.log")
     with started(retriever) as server:
         url = server.url
         seconds["retriever"] = time.perf_counter() - t0

@@ -141,11 +141,18 @@ def test_ctrl_c_stops_the_retriever(tmp_path):
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
-        deadline = time.monotonic() + 300
-        while _down(port) and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)  # the retriever the demo starts is up once its port answers
+        # Wait for the demo's own retriever: its log names the URL (the demo moves off a port something else took
+        # meanwhile, and a signal that arrives while Python is still importing is not the demo's to handle).
+        deadline, found = time.monotonic() + 300, None
+        started = re.compile(r"starting the retriever at http://127\.0\.0\.1:(\d+) ")
+        while proc.poll() is None and time.monotonic() < deadline:
+            found = started.search((tmp_path / "demo.log").read_text())
+            if found and not _down(int(found[1])):
+                break
+            time.sleep(0.2)
         assert proc.poll() is None, f"demo exited early ({proc.returncode}) before the retriever was up"
-        assert not _down(port)
+        assert found, "the demo never logged the retriever's URL"
+        port = int(found[1])
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=120) == 130
     finally:
