@@ -7,8 +7,7 @@ batch and the KV cache (``DynamicCache.batch_select_indices``), so a sample that
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
@@ -17,11 +16,9 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from search_rl.config import HFEngineConfig
 from search_rl.datatypes import FinishReason, Generated, SamplingParams
 from search_rl.models.cache_arg import CACHE_KWARG
-from search_rl.models.weights import load_weights
 from search_rl.rollout.engines.base import check_generate_args
-from search_rl.rollout.engines.prefix_cache import KV, PrefixStore
-
-logger = logging.getLogger(__name__)
+from search_rl.rollout.engines.in_process import InProcessEngine
+from search_rl.rollout.engines.prefix_cache import KV
 
 
 class LogitsProcessor(Protocol):
@@ -34,7 +31,7 @@ class LogitsProcessor(Protocol):
     def __call__(self, prompts: list[list[int]], generated: list[list[int]], logits: torch.Tensor) -> torch.Tensor: ...
 
 
-class HFEngine:
+class HFEngine(InProcessEngine):
     """``RolloutEngine`` over a transformers causal LM (CPU default; works on CUDA too).
 
     Args:
@@ -51,44 +48,8 @@ class HFEngine:
         cfg: HFEngineConfig | None = None,
         logits_processor: LogitsProcessor | None = None,
     ) -> None:
-        self.model = model
-        self.tokenizer = tokenizer
-        self.cfg = cfg or HFEngineConfig()
+        super().__init__(model, tokenizer, cfg)
         self.logits_processor = logits_processor
-        self._version = 0
-        self.prefix = PrefixStore()
-        self.shared_prompt_tokens = 0
-        """Prompt tokens not encoded because an identical prompt in the same batch was (a counter for tests/logs)."""
-        eos = model.generation_config.eos_token_id if model.generation_config is not None else None
-        ids = set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id}
-        self._eos = tuple(sorted(i for i in ids if i is not None))
-        if not self._eos:
-            raise ValueError("HFEngine: neither the model's generation_config nor the tokenizer defines an EOS token")
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        return self._eos
-
-    @property
-    def max_model_len(self) -> int:
-        return self.cfg.max_model_len or int(self.model.config.max_position_embeddings)
-
-    @property
-    def weight_version(self) -> int:
-        return self._version
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Copy tensors into the model's tensors of the same state-dict names; a tied tensor may come under any of
-        its names (``models.weights.load_weights``), and every tensor of the model must be given.
-
-        Raises:
-            KeyError: for a name the model does not have, or a model tensor nothing was given for.
-            ValueError: for a shape mismatch.
-        """
-        n = load_weights(self.model, named_tensors)
-        self._version = version
-        self.prefix.clear()  # stored KV states were computed with the old weights
-        logger.debug("HFEngine loaded %d tensors, weight version %d", n, version)
 
     def generate(
         self,

@@ -17,7 +17,7 @@ after top-p filtering. Both would need the rollout's stop-string and log-prob lo
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,10 +27,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from search_rl.config import HFEngineConfig
 from search_rl.datatypes import Generated, SamplingParams
 from search_rl.models.cache_arg import CACHE_KWARG
-from search_rl.models.weights import load_weights
 from search_rl.rollout.engines.base import check_generate_args
 from search_rl.rollout.engines.hf import LogitsProcessor, finish_reason, sample_tokens
-from search_rl.rollout.engines.prefix_cache import PrefixStore
+from search_rl.rollout.engines.in_process import InProcessEngine
 from search_rl.rollout.engines.slot_cache import SlotCache, WritePlan
 
 logger = logging.getLogger(__name__)
@@ -68,7 +67,7 @@ def batch_bucket(n: int, most: int) -> int:
     return min(1 << max(n - 1, 0).bit_length(), most)
 
 
-class StaticEngine:
+class StaticEngine(InProcessEngine):
     """``RolloutEngine`` over a transformers causal LM with a static KV cache and, on CUDA, CUDA-graph decoding.
 
     Args:
@@ -97,48 +96,14 @@ class StaticEngine:
                 f"StaticEngine: attention {attention!r} takes no explicit 4-D mask; load the model with "
                 f"attn_implementation in {ATTENTION_IMPLEMENTATIONS}, or use rollout.engine=hf"
             )
-        self.model, self.tokenizer = model, tokenizer
-        self.cfg = cfg or HFEngineConfig()
+        super().__init__(model, tokenizer, cfg)
         self.logits_processor = logits_processor
         self.cuda_graphs = cuda_graphs
-        self.prefix = PrefixStore()
-        self.shared_prompt_tokens = 0
-        """Prompt tokens not encoded because an identical prompt in the same call was (a counter for tests/logs)."""
         self.captures = 0
         """CUDA graphs captured so far (a counter for tests/logs)."""
-        self._version = 0
         self._cache: SlotCache | None = None
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool: Any = None  # the graphs' shared memory pool (torch.cuda.graph_pool_handle)
-        eos = model.generation_config.eos_token_id if model.generation_config is not None else None
-        ids = set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id}
-        self._eos = tuple(sorted(i for i in ids if i is not None))
-        if not self._eos:
-            raise ValueError("StaticEngine: neither the model's generation_config nor the tokenizer defines an EOS")
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        return self._eos
-
-    @property
-    def max_model_len(self) -> int:
-        return self.cfg.max_model_len or int(self.model.config.max_position_embeddings)
-
-    @property
-    def weight_version(self) -> int:
-        return self._version
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Copy tensors into the model's tensors in place (captured graphs read them there); as ``HFEngine``.
-
-        Raises:
-            KeyError: for a name the model does not have, or a model tensor nothing was given for.
-            ValueError: for a shape mismatch.
-        """
-        n = load_weights(self.model, named_tensors)
-        self._version = version
-        self.prefix.clear()  # stored KV states were computed with the old weights
-        logger.debug("StaticEngine loaded %d tensors, weight version %d", n, version)
 
     def sleep(self) -> None:
         """Free the KV cache and the captured graphs (the trainer's update needs the memory); the next call

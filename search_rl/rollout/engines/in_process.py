@@ -1,0 +1,72 @@
+"""What the two in-process engines (``hf`` and ``static``) share: a transformers model held in this process, its EOS
+ids, the prefix store of the previous call, and weight updates copied into the model's own tensors."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from search_rl.config import HFEngineConfig
+from search_rl.models.weights import load_weights
+from search_rl.rollout.engines.prefix_cache import PrefixStore
+
+logger = logging.getLogger(__name__)
+
+
+def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, engine: str) -> tuple[int, ...]:
+    """Every id that ends a sequence: the model's ``generation_config`` EOS id(s) and the tokenizer's.
+
+    Raises:
+        ValueError: neither defines one (``engine`` names the caller in the message).
+    """
+    eos = model.generation_config.eos_token_id if model.generation_config is not None else None
+    ids = set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id}
+    found = tuple(sorted(i for i in ids if i is not None))
+    if not found:
+        raise ValueError(f"{engine}: neither the model's generation_config nor the tokenizer defines an EOS token")
+    return found
+
+
+class InProcessEngine:
+    """The state and the weight path of an engine that runs ``model`` in this process (subclasses add ``generate``)."""
+
+    def __init__(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg: HFEngineConfig | None = None
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.cfg = cfg or HFEngineConfig()
+        self._version = 0
+        self.prefix = PrefixStore()
+        self.shared_prompt_tokens = 0
+        """Prompt tokens not encoded because an identical prompt in the same call was (a counter for tests/logs)."""
+        self._eos = eos_token_ids(model, tokenizer, type(self).__name__)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self._eos
+
+    @property
+    def max_model_len(self) -> int:
+        return self.cfg.max_model_len or int(self.model.config.max_position_embeddings)
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Copy tensors into the model's tensors of the same state-dict names, in place (so captured graphs stay
+        valid); a tied tensor may come under any of its names (``models.weights.load_weights``), and every tensor of
+        the model must be given.
+
+        Raises:
+            KeyError: for a name the model does not have, or a model tensor nothing was given for.
+            ValueError: for a shape mismatch.
+        """
+        n = load_weights(self.model, named_tensors)
+        self._version = version
+        self.prefix.clear()  # stored KV states were computed with the old weights
+        logger.debug("%s loaded %d tensors, weight version %d", type(self).__name__, n, version)
