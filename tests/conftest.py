@@ -28,6 +28,9 @@ RAY_FIXTURES = frozenset({"ray_local"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The slow tests first: with pytest-xdist (``make test``) a minutes-long test then starts while short ones are
+    # left to fill the other worker, instead of running alone at the end.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         if used & (SERVER_FIXTURES | RAY_FIXTURES):
