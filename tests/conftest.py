@@ -27,10 +27,29 @@ RAY_FIXTURES = frozenset({"ray_local"})
 """Fixtures that start a local Ray cluster: marked ``ray`` and ``integration``."""
 
 
+LONGEST_FILES = (
+    "tests/test_readme.py",
+    "tests/search_rl/async_rollout/test_async_training.py",
+    "tests/search_rl/trainer/test_train_e2e.py",
+    "tests/retriever_server/serve/test_ray_serve.py",
+    "tests/search_rl/test_multinode.py",
+    "tests/search_rl/workers/test_fsdp.py",
+)
+"""The test files that took longest in a serial run (1-5 minutes each on 2 cores), scheduled before the rest."""
+
+
+def _schedule_rank(item: pytest.Item) -> tuple[int, int]:
+    """Sort key: the longest files first (in the order above), then the other slow tests, then the rest."""
+    path = item.nodeid.split("::", 1)[0]
+    if path in LONGEST_FILES:
+        return 0, LONGEST_FILES.index(path)
+    return (1 if item.get_closest_marker("slow") else 2), 0
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # The slow tests first: with pytest-xdist (``make test``) a minutes-long test then starts while short ones are
-    # left to fill the other worker, instead of running alone at the end.
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    # Longest first: with pytest-xdist (``make test``) a minutes-long test then starts while short ones are left to
+    # fill the other worker, instead of running alone at the end.
+    items.sort(key=_schedule_rank)
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         if used & (SERVER_FIXTURES | RAY_FIXTURES):

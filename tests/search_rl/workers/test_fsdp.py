@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
-from worker_factory import free_port, make_actor, make_critic, whole
+from worker_factory import make_actor, make_critic, run_two_ranks, whole
 
 from search_rl.batches import TrainBatch
 from search_rl.config import HFEngineConfig
@@ -32,21 +31,6 @@ TIED = ("model.embed_tokens.weight", "lm_head.weight")
 
 def _weights(worker) -> dict[str, torch.Tensor]:
     return {k: whole(v) for k, v in worker.module.state_dict().items()}
-
-
-def _spawn(target, *args) -> dict:
-    """Run ``target(rank, port, out, *args)`` on two gloo ranks; return what they put in ``out``."""
-    ctx = mp.get_context("spawn")
-    with ctx.Manager() as manager:
-        out = manager.dict()
-        port = free_port()
-        procs = [ctx.Process(target=target, args=(r, port, out, *args)) for r in range(2)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(timeout=300)
-        assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-        return dict(out)
 
 
 def test_full_state_dict_of_a_tied_model_syncs_into_the_hf_engine(tokenizer):
@@ -127,7 +111,7 @@ def _rank_export(rank: int, port: int, out: dict, directory: str) -> None:
 
 @pytest.mark.slow
 def test_engine_export_of_a_two_rank_model_has_whole_tensors(tmp_path, tokenizer):
-    _spawn(_rank_export, str(tmp_path))
+    run_two_ranks(_rank_export, str(tmp_path))
     reference = build_tiny_model(tokenizer)  # the tiny model is deterministic: the ranks started from these weights
     expected = {k: v for k, v in reference.state_dict().items() if k != "lm_head.weight"}
     for rank in (0, 1):
@@ -160,7 +144,7 @@ def test_two_ranks_take_the_single_process_step(rollout_batch: TrainBatch, micro
     logprobs = single.compute_log_prob(rollout_batch.select(torch.arange(5)))[0]
     single.update_actor(rollout_batch, step=1)
     expected = _weights(single)
-    ranks = _spawn(_rank_step, rollout_batch, micro)
+    ranks = run_two_ranks(_rank_step, rollout_batch, micro)
     torch.testing.assert_close(torch.cat([ranks[0][1], ranks[1][1]]), logprobs, rtol=1e-5, atol=1e-5)
     for name in expected:
         torch.testing.assert_close(ranks[0][0][name], ranks[1][0][name], rtol=0, atol=0, msg=name)
@@ -210,7 +194,7 @@ def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], **tol: 
 @pytest.mark.slow
 def test_checkpoints_reshard_between_two_ranks_and_one(rollout_batch: TrainBatch, tmp_path):
     # 2 ranks save -> 1 rank resumes: same weights, still tied, and the next step matches the 2-rank run's
-    saved = _spawn(_rank_save, rollout_batch, str(tmp_path / "two"))[0]
+    saved = run_two_ranks(_rank_save, rollout_batch, str(tmp_path / "two"))[0]
     one = make_actor(micro=2, mini=4)
     one.init_distributed("127.0.0.1", 0)
     one.load_checkpoint(str(tmp_path / "two"))
@@ -223,7 +207,7 @@ def test_checkpoints_reshard_between_two_ranks_and_one(rollout_batch: TrainBatch
     # 1 rank saves -> 2 ranks resume; the optimizer state came along: one more step agrees with the 1-rank one
     one.save_checkpoint(str(tmp_path / "one"))
     one.update_actor(rollout_batch, step=2)
-    loaded, stepped, tied = _spawn(_rank_load, rollout_batch, str(tmp_path / "one"))[0]
+    loaded, stepped, tied = run_two_ranks(_rank_load, rollout_batch, str(tmp_path / "one"))[0]
     _assert_same(loaded, saved, rtol=0, atol=0)
     assert tied
     _assert_same_step(stepped, _weights(one), lr=1e-3)
@@ -239,7 +223,7 @@ def _rank_start(rank: int, port: int, out: dict) -> None:
 def test_the_group_starts_every_time():
     # Start-up of a 2-rank group, three times in a row (one start in six aborted before the store held its port).
     for _ in range(3):
-        assert _spawn(_rank_start) == {0: 3.0, 1: 3.0}
+        assert run_two_ranks(_rank_start) == {0: 3.0, 1: 3.0}
 
 
 def test_training_refuses_float16_naming_the_key():

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from transformers import LlamaForCausalLM
-from worker_factory import free_port, make_actor, whole
+from worker_factory import make_actor, run_two_ranks, whole
 
 from search_rl.batches import TrainBatch
 from search_rl.models.tiny import tiny_llama_config
@@ -149,7 +148,7 @@ def test_log_prob_passes_are_the_same_with_the_levers(rollout_batch, levers):
     )
 
 
-def _rank_step(rank: int, port: int, batch: TrainBatch, out: dict) -> None:
+def _rank_step(rank: int, port: int, out: dict, batch: TrainBatch) -> None:
     worker = make_actor(micro=2, mini=4, rank=rank, world=2, logprob_chunk_tokens=5, ppo_max_token_len_per_gpu=483)
     worker.init_distributed("127.0.0.1", port)
     captured: list[torch.Tensor] = []
@@ -172,17 +171,7 @@ def test_two_ranks_with_different_micro_batch_counts_take_the_single_process_ste
     trainable = single.trainable
     trainable.optimizer.register_step_pre_hook(lambda *_: expected.extend(whole(p.grad) for p in trainable.params))
     single.update_actor(rollout_batch, step=1)
-    ctx = mp.get_context("spawn")
-    with ctx.Manager() as manager:
-        out = manager.dict()
-        port = free_port()
-        procs = [ctx.Process(target=_rank_step, args=(r, port, rollout_batch, out)) for r in range(2)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(timeout=300)
-        assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-        ranks = dict(out)
+    ranks = run_two_ranks(_rank_step, rollout_batch)
     assert len(ranks[0]) == len(ranks[1]) == len(expected) > 0
     for a, b, ref in zip(ranks[0], ranks[1], expected, strict=True):
         torch.testing.assert_close(a, b)

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.multiprocessing as mp
-from worker_factory import free_port as _free_port
 from worker_factory import make_actor as _actor
-from worker_factory import make_critic, whole
+from worker_factory import make_critic, run_two_ranks, whole
 
 from search_rl.batches import TrainBatch
 from search_rl.workers.actor_rollout_ref import ActorRolloutRefWorker
@@ -88,7 +86,7 @@ def test_shared_prompts_give_the_gradient_of_full_passes(rollout_batch, lora_ran
     assert tokens["plain"] - tokens["shared"] == (prompt_tokens - len(batch)) // 2
 
 
-def _rank_gradients(rank: int, port: int, batch: TrainBatch, out: dict) -> None:
+def _rank_gradients(rank: int, port: int, out: dict, batch: TrainBatch) -> None:
     worker = _actor(micro=1, mini=4, rank=rank, world=2)
     worker.init_distributed("127.0.0.1", port)
     shard = batch.split(2)[rank]
@@ -99,17 +97,7 @@ def _rank_gradients(rank: int, port: int, batch: TrainBatch, out: dict) -> None:
 def test_two_gloo_ranks_give_the_single_process_gradient(rollout_batch):
     # one optimizer step over all 8 samples: one process with micro-batches of 2, or two ranks with 4 samples each
     single = _gradients(_actor(micro=2, mini=4), rollout_batch)
-    ctx = mp.get_context("spawn")
-    with ctx.Manager() as manager:
-        out = manager.dict()
-        port = _free_port()
-        procs = [ctx.Process(target=_rank_gradients, args=(r, port, rollout_batch, out)) for r in range(2)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(timeout=240)
-        assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-        ranks = dict(out)
+    ranks = run_two_ranks(_rank_gradients, rollout_batch, timeout_s=240)
     assert len(ranks[0]) == len(ranks[1]) == len(single)
     for a, b, ref in zip(ranks[0], ranks[1], single, strict=True):
         torch.testing.assert_close(a, b)  # both ranks see the same gathered gradient
