@@ -33,11 +33,11 @@ constraints:
 demo: install
 	$(PYTHON) -m search_rl.demo $(DEMO_ARGS)
 
-# Two pytest workers (pytest-xdist): most tests wait on child processes, servers and Ray as much as they compute, so
-# two share two cores well; the slow tests are scheduled first. PYTEST_WORKERS=0 runs in one process.
+# Two pytest workers (pytest-xdist), the longest tests first (tests/conftest.py); a worker that runs out of tests takes
+# half of what the other has left (worksteal), so neither idles at the end. PYTEST_WORKERS=0 runs in one process.
 PYTEST_WORKERS ?= 2
 test: install-dev
-	$(PYTHON) -m pytest -q -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # The fast tier: unit tests only (no retriever server, no Ray, nothing marked slow), a few minutes on 2 cores.
 # `make test` stays the whole suite that CI runs. Assumes `make install-dev` has run.
