@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 
-.PHONY: install install-dev install-vllm demo test test-fast test-vllm lint bench corpus gpu-wheels constraints
+.PHONY: install install-dev install-vllm demo test test-fast test-vllm lint bench corpus gpu-wheels gpu-wheels-ray constraints
 
 # torch is installed first and pinned: any other torch spec pulls GBs of CUDA wheels on CPU machines. Everything else
 # comes at the versions in constraints.txt (what CI last proved), so a green run reproduces on a fresh machine.
@@ -74,7 +74,7 @@ test-vllm: install-vllm
 # The GPU check's luggage (docs/training.md "Checking a GPU machine"): the packages a bare CUDA machine (Python 3.12 with
 # torch, transformers, peft, safetensors, pandas, pyarrow, httpx) lacks for `bench/gpu_check.py` - Hydra, the BM25
 # retriever's FastAPI/uvicorn/httptools stack, bm25s - as wheels for that Python, plus the SmolLM2 tokenizer, into GPU_WHEELS_DIR
-# (git-ignored; ~5 MB). Ray (a 79 MB wheel) and FAISS are left out: the check runs `trainer.use_ray=false`, BM25 only.
+# (git-ignored; ~8 MB). Ray (a 79 MB wheel) comes with `make gpu-wheels-ray`; FAISS is left out (BM25 only).
 GPU_WHEELS_DIR ?= .whl
 GPU_WHEELS := hydra-core==1.3.8 omegaconf==2.3.1 fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 \
 	pydantic==2.13.4 pydantic-core==2.46.4 pydantic-settings==2.14.1 python-dotenv==1.2.2 annotated-types==0.7.0 \
@@ -89,6 +89,21 @@ gpu-wheels:
 	$(PYTHON) -c "from search_rl.models import load_tokenizer; \
 		load_tokenizer('smollm2-135m-instruct').save_pretrained('$(GPU_WHEELS_DIR)/tokenizer')"
 	du -sh $(GPU_WHEELS_DIR)
+
+# `bench/gpu_check.py --ray` (bench/README.md "GPU check") needs Ray there too: its wheel for Python 3.12 and what that
+# machine lacks of Ray's requirements (its metadata, extras left out: click, filelock, jsonschema, msgpack, packaging,
+# protobuf, pyyaml, requests; the CUDA image has all but jsonschema and jsonschema's referencing, rpds-py and
+# jsonschema-specifications), into GPU_RAY_DIR (git-ignored). The wheel (79 MB) is over what one copy to the machine
+# takes beside the ~20 MiB repository (64 MiB in all), so bench/gpu_wheels.py splits it into parts with the sha256 of
+# the whole, and spreads all files over numbered folders 1/, 2/, ... of at most GPU_CARRY_MIB each: one per copy.
+GPU_RAY_DIR ?= .whl-ray
+GPU_CARRY_MIB ?= 32
+GPU_RAY_WHEELS := ray==2.60.0 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==0.30.0
+gpu-wheels-ray: gpu-wheels
+	rm -rf $(GPU_RAY_DIR) && mkdir -p $(GPU_RAY_DIR)
+	$(PIP) download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $(GPU_PLATFORMS) \
+		-d $(GPU_RAY_DIR) $(GPU_RAY_WHEELS)
+	$(PYTHON) bench/gpu_wheels.py pack $(GPU_RAY_DIR) --mib $(GPU_CARRY_MIB)
 
 # Lint and type check (CI runs it before the tests): ruff, then mypy over the packages configured in pyproject.toml.
 lint:
