@@ -1,8 +1,9 @@
 """The one-command GPU check: GRPO through ``main_ppo`` on one GPU, then the checks a first GPU run must pass.
 
-What runs: ``main_ppo`` GRPO steps with FSDP2 on NCCL (one rank, in this process: ``trainer.use_ray=false``), bf16
-compute over fp32 master weights, the HF engine on CUDA, a model of a real architecture with random weights (no
-weights need to be on the machine) and the BM25 retriever server. Then:
+What runs: ``main_ppo`` GRPO steps with FSDP2 on NCCL (one rank, in this process: ``trainer.use_ray=false``; with
+``--ray`` in a Ray actor holding the GPU, as a user starts it: ``trainer.use_ray=true``), bf16 compute over fp32 master
+weights, the HF engine on CUDA, a model of a real architecture with random weights (no weights need to be on the
+machine) and the BM25 retriever server. Then:
 
 1. **weights changed**: the last checkpoint against the initial weights (a fraction of the elements);
 2. **resume**: ``main_ppo`` again with one more step resumes from that checkpoint (its history continues at the
@@ -13,7 +14,7 @@ weights need to be on the machine) and the BM25 retriever server. Then:
 
 Any failed check exits non-zero naming it. Then a table per step, a phase table (generate, old/reference log-prob
 passes, update, weight sync: mean seconds and share of the step) and the generation rate; the last line reads
-``gpu_check ok device=... step_s=... gen_tok_s=... update_tok_s=... mfu=... peak_gb=... changed=...``.
+``gpu_check ok device=... use_ray=... step_s=... gen_tok_s=... update_tok_s=... mfu=... peak_gb=... changed=...``.
 
 ``--arch``: ``smollm2-135m`` (default), ``qwen2.5-0.5b``, ``qwen2.5-3b`` (full fine-tuning), ``qwen2.5-7b`` (LoRA
 rank 32 by default; no resume check: a second 30 GB checkpoint would not fit the disk). ``--levers`` then runs one
@@ -25,9 +26,15 @@ no Hydra, FastAPI or FAISS), carry the repository and what ``make gpu-wheels`` g
 
     python3 bench/gpu_check.py --wheels .whl
 
+``--ray`` also needs Ray there: ``make gpu-wheels-ray`` packs its wheel (79 MB) in numbered folders under ``.whl-ray/``
+of at most 32 MiB each, one per copy; gather their files in one folder there and pass it as a second ``--wheels``,
+which joins the split wheel and checks its sha256 before installing (``bench/gpu_wheels.py``, bench/README.md)::
+
+    python3 bench/gpu_check.py --wheels .whl --wheels /tmp/search-rl-wheels --ray
+
 Rehearsal on CPU (gloo, float32, a smaller batch; what a machine without a GPU can check)::
 
-    python bench/gpu_check.py --device cpu
+    python bench/gpu_check.py --device cpu [--ray]
 """
 
 from __future__ import annotations
@@ -199,6 +206,7 @@ class Run:
     samples: int
     turn_tokens: int
     micro: int
+    use_ray: bool
     overrides: list[str]
 
     @property
@@ -215,7 +223,7 @@ class Run:
             f"model.path={self.model_dir}",
             f"model.dtype={'bfloat16' if self.device == 'cuda' else 'float32'}",
             f"trainer.device={self.device}",
-            "trainer.use_ray=false",
+            f"trainer.use_ray={str(self.use_ray).lower()}",
             f"trainer.total_training_steps={steps}",
             "trainer.save_freq=2",
             "trainer.test_freq=0",
@@ -291,19 +299,23 @@ def check_tied_sync(run: Run, step: int) -> float:
     return diff
 
 
-def install_wheels(wheels: Path) -> None:
-    """Install the carried wheels into a private folder and re-run this script with it on the path."""
-    found = sorted(wheels.glob("*.whl"))
-    if not found:
-        sys.exit(f"gpu_check: no wheels in {wheels} (make gpu-wheels writes them)")
+def install_wheels(folders: list[Path]) -> None:
+    """Install the carried wheels (split ones joined first) into a private folder and re-run this script with it on
+    the path."""
+    from gpu_wheels import install
+
     t0 = time.perf_counter()
-    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir"]
-    subprocess.run([*cmd, "--upgrade", "--target", str(SITE), *map(str, found)], check=True)
-    print(f"installed {len(found)} wheels in {time.perf_counter() - t0:.1f}s", flush=True)
+    try:
+        n = install(folders, SITE)
+    except ValueError as e:
+        sys.exit(f"gpu_check: {e}")
+    if not n:
+        sys.exit(f"gpu_check: no wheels in {', '.join(map(str, folders))} (make gpu-wheels writes them)")
+    print(f"installed {n} wheels in {time.perf_counter() - t0:.1f}s", flush=True)
     path = os.pathsep.join(p for p in (str(SITE), str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     argv = [a for i, a in enumerate(sys.argv) if a != "--wheels" and (i == 0 or sys.argv[i - 1] != "--wheels")]
-    tokenizer = wheels / "tokenizer"
-    if "--tokenizer" not in argv and tokenizer.is_dir():
+    tokenizer = next((f / "tokenizer" for f in folders if (f / "tokenizer").is_dir()), None)
+    if "--tokenizer" not in argv and tokenizer is not None:
         argv += ["--tokenizer", str(tokenizer)]
     os.execve(sys.executable, [sys.executable, *argv], {**os.environ, "PYTHONPATH": path})
 
@@ -343,8 +355,9 @@ def step_table(history: list[dict[str, float]], n_params: int, peak: float | Non
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--wheels", type=Path, default=None, help="install these wheels first (make gpu-wheels)")
+    ap.add_argument("--wheels", type=Path, action="append", help="install this folder's wheels first (repeatable)")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--ray", action="store_true", help="main_ppo with trainer.use_ray=true (make gpu-wheels-ray)")
     ap.add_argument("--tokenizer", type=Path, default=None, help="a saved tokenizer folder (default: SmolLM2's)")
     ap.add_argument("--arch", choices=sorted(ARCHS), default="smollm2-135m")
     ap.add_argument("--steps", type=int, default=2)
@@ -356,8 +369,13 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--override", action="append", default=[], help="extra Hydra overrides (repeatable)")
     args = ap.parse_args()
-    if args.wheels is not None:
+    if args.wheels:
         install_wheels(args.wheels)  # does not return
+    if args.ray:
+        from gpu_wheels import unmet_requirements
+
+        if unmet := unmet_requirements("ray"):
+            sys.exit(f"gpu_check: --ray needs Ray and its requirements; unmet: {', '.join(unmet)}")
     sys.path.insert(0, str(REPO))
     gpu = args.device == "cuda"
     import torch
@@ -378,6 +396,7 @@ def main() -> None:
         samples=args.samples or (4 if gpu else 2),
         turn_tokens=args.turn_tokens or (256 if gpu else 16),
         micro=args.micro or (16 if gpu else 4),
+        use_ray=args.ray,
         overrides=[*arch.overrides, *args.override],
     )
     from retriever_server.launcher import RetrieverProcess, bm25_env
@@ -396,7 +415,7 @@ def main() -> None:
 
     name = torch.cuda.get_device_name() if gpu else "cpu"
     peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
-    dtype = "bf16 compute, fp32 master" if gpu else "fp32"
+    dtype = ("bf16 compute, fp32 master" if gpu else "fp32") + ("; workers in Ray actors" if args.ray else "")
     lora = f", LoRA rank {arch.lora_rank}" if arch.lora_rank else ""
     print(f"\n{name}; {args.arch} ({n_params / 1e6:.1f}M parameters, random weights{lora}); {dtype}")
     mfus = step_table(history, n_params, peak, bool(arch.lora_rank))
@@ -422,7 +441,7 @@ def main() -> None:
         )
     steps = [m["timing/step_s"] for m in history]
     print(
-        f"gpu_check ok device={name.replace(' ', '_')} arch={args.arch}"
+        f"gpu_check ok device={name.replace(' ', '_')} arch={args.arch} use_ray={str(args.ray).lower()}"
         f" step_s={statistics.mean(steps[1:] or steps):.2f}"
         f" gen_tok_s={last['rollout/gen_tokens_per_s']:.0f}"
         f" update_tok_s={last['perf/actor_update_tokens'] / last['timing/update_actor_s']:.0f} mfu={mfus[-1]:.3f}"
