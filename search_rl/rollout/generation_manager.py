@@ -40,10 +40,10 @@ from search_rl.datatypes import (
 )
 from search_rl.rollout.actions import is_search_attempt, parse_action
 from search_rl.rollout.backends.meter import meter_metrics, meter_of
-from search_rl.rollout.engines.base import RolloutEngine
+from search_rl.rollout.engines.base import RolloutEngine, SessionEngine
 from search_rl.rollout.observations import Observation, ObservationBuilder
 from search_rl.rollout.retriever_client import RetrieverClient, RetrieverError
-from search_rl.seeds import turn_seed
+from search_rl.seeds import sample_seed, turn_seed
 from search_rl.tags import RETRIEVER_ERROR_TEXT, STOP_STRINGS
 
 logger = logging.getLogger(__name__)
@@ -147,6 +147,17 @@ class LLMGenerationManager:
         """
         samples = [self._start(i, p) for i, p in enumerate(prompts)]
         timing = {"generate": 0.0, "retrieve": 0.0}
+        engine = self.engine
+        if self.cfg.schedule == "continuous" and isinstance(engine, SessionEngine) and _sessions_work(engine):
+            await self._continuous(engine, samples, timing, greedy, seed)
+        else:
+            await self._in_turns(samples, timing, greedy, seed)
+        return RolloutResult([self._trajectory(s) for s in samples], self._metrics(samples, timing))
+
+    async def _in_turns(
+        self, samples: list[_Sample], timing: dict[str, float], greedy: bool | None, seed: int | None
+    ) -> None:
+        """Lock-step turns: every active sample generates its turn, then all of the turn's queries are searched."""
         search_turns = self.cfg.max_turns if self.cfg.do_search else 0
         for turn in range(search_turns + 1):
             active = [s for s in samples if not s.done]
@@ -163,7 +174,69 @@ class LLMGenerationManager:
             start = time.perf_counter()
             await self._search(searches)
             timing["retrieve"] += time.perf_counter() - start
-        return RolloutResult([self._trajectory(s) for s in samples], self._metrics(samples, timing))
+
+    async def _continuous(
+        self,
+        engine: SessionEngine,
+        samples: list[_Sample],
+        timing: dict[str, float],
+        greedy: bool | None,
+        seed: int | None,
+    ) -> None:
+        """Continuous batching: a sample that stops at ``</search>`` is searched while the others keep decoding (the
+        decode step runs in a worker thread, the searches on this event loop) and rejoins with its observation.
+        Sample ``i``'s turn ``t`` samples from seed ``sample_seed(turn_seed(seed, t), i)``, whatever else runs."""
+        search_turns = self.cfg.max_turns if self.cfg.do_search else 0
+        seed = self.cfg.seed if seed is None else seed
+        session = engine.open_session(self._params(0, greedy, None))
+        turn = [0] * len(samples)
+
+        def submit(i: int) -> None:
+            s = samples[i]
+            limit = min(self.cfg.max_turn_tokens, self.cfg.max_response_tokens - len(s.ids))
+            session.submit(i, s.prompt + s.ids, limit, sample_seed(turn_seed(seed, turn[i]), i))
+
+        def next_turn(i: int) -> None:
+            if not samples[i].done:
+                turn[i] += 1
+                submit(i)
+
+        for i in range(len(samples)):
+            submit(i)
+        searching: dict[asyncio.Task[float], list[int]] = {}
+        try:
+            while session.pending or searching:
+                if session.pending:
+                    start = time.perf_counter()
+                    finished = await asyncio.to_thread(session.step)
+                    timing["generate"] += time.perf_counter() - start
+                else:  # every remaining sample waits for the retriever
+                    finished = []
+                    await asyncio.wait(searching, return_when=asyncio.FIRST_COMPLETED)
+                searches: list[tuple[_Sample, str]] = []
+                keys: list[int] = []
+                for i, g in finished:
+                    query = self._take_turn(samples[i], g, final=turn[i] == search_turns)
+                    if query is not None:
+                        searches.append((samples[i], query))
+                        keys.append(i)
+                    else:
+                        next_turn(i)
+                if searches:
+                    searching[asyncio.create_task(self._timed_search(searches))] = keys
+                for task in [t for t in searching if t.done()]:
+                    timing["retrieve"] += task.result()  # raises the search's error, if any
+                    for i in searching.pop(task):
+                        next_turn(i)
+        finally:
+            for task in searching:
+                task.cancel()
+
+    async def _timed_search(self, searches: list[tuple[_Sample, str]]) -> float:
+        """``_search``, returning its seconds."""
+        start = time.perf_counter()
+        await self._search(searches)
+        return time.perf_counter() - start
 
     def _start(self, index: int, prompt: Sequence[int]) -> _Sample:
         ids = list(prompt)
@@ -182,18 +255,22 @@ class LLMGenerationManager:
         self, active: list[_Sample], turn: int, greedy: bool | None, seed: int | None
     ) -> list[Generated]:
         cfg = self.cfg
-        seed = cfg.seed if seed is None else seed
-        params = SamplingParams(
+        params = self._params(turn, greedy, cfg.seed if seed is None else seed)
+        limits = [min(cfg.max_turn_tokens, cfg.max_response_tokens - len(s.ids)) for s in active]
+        return self.engine.generate([s.prompt + s.ids for s in active], params, limits)
+
+    def _params(self, turn: int, greedy: bool | None, seed: int | None) -> SamplingParams:
+        """The engine's sampling settings for turn ``turn`` (a different seeded stream per turn)."""
+        cfg = self.cfg
+        return SamplingParams(
             max_new_tokens=cfg.max_turn_tokens,
             temperature=cfg.temperature,
             top_p=cfg.top_p,
             top_k=cfg.top_k,
             greedy=cfg.greedy if greedy is None else greedy,
             stop=STOP_STRINGS,
-            seed=turn_seed(seed, turn),  # a different stream per turn
+            seed=turn_seed(seed, turn),
         )
-        limits = [min(cfg.max_turn_tokens, cfg.max_response_tokens - len(s.ids)) for s in active]
-        return self.engine.generate([s.prompt + s.ids for s in active], params, limits)
 
     def _take_turn(self, s: _Sample, g: Generated, *, final: bool) -> str | None:
         """Append the turn's sampled ids (mask 1), act on its action; return the query if it must be searched."""
@@ -317,3 +394,8 @@ class LLMGenerationManager:
         for reason in ("answer", "max_turns", "max_response_tokens"):
             metrics[f"rollout/stop_{reason}"] = sum(s.stop == reason for s in samples) / n
         return metrics
+
+
+def _sessions_work(engine: SessionEngine) -> bool:
+    """Whether ``engine`` can open sessions for its model (an engine may say so with ``supports_sessions``)."""
+    return bool(getattr(engine, "supports_sessions", True))

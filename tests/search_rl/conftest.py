@@ -117,6 +117,12 @@ def make_scripted_engine(tiny_model, tokenizer):
 
 
 @pytest.fixture
+def make_scripted_hf(tiny_model, tokenizer):
+    """Factory: ``scripts -> HFEngine`` over the tiny model, unwrapped (so the agent loop can open sessions on it)."""
+    return lambda scripts: HFEngine(tiny_model, tokenizer, logits_processor=ScriptedLogits(tokenizer, scripts))
+
+
+@pytest.fixture
 def make_prompt(tokenizer):
     """Factory: ``question -> prompt ids`` (a short chat prompt in SmolLM2's template)."""
     return lambda question: encode_prompt(tokenizer, [{"role": "user", "content": f"Search, then answer: {question}"}])

@@ -78,3 +78,38 @@ def check_generate_args(
                 "lower the rollout length budgets"
             )
     return limits
+
+
+@runtime_checkable
+class DecodeSession(Protocol):
+    """Continuous batching: sequences join while others decode and leave as each finishes (``LLMGenerationManager``
+    uses it so a sequence waiting for the retriever does not hold the others back).
+
+    Contract (``tests/search_rl/rollout/test_decode_session.py``): each submitted sequence comes back from exactly
+    one ``step`` with the ``Generated`` that ``generate`` would give it (same stops, limits, log-probs); with a
+    ``seed``, its samples depend only on that seed and its tokens, not on which sequences shared its steps.
+    """
+
+    @property
+    def pending(self) -> int:
+        """Sequences submitted and not yet returned."""
+        ...
+
+    def submit(self, key: int, prompt: Sequence[int], max_new_tokens: int, seed: int | None) -> None:
+        """Queue a sequence; it joins the batch at the next ``step``. A key may be submitted again once returned:
+        when its new prompt extends the one it had, the states computed for that one are reused."""
+        ...
+
+    def step(self) -> list[tuple[int, Generated]]:
+        """Admit queued sequences and decode one token for every running one; return those that finished."""
+        ...
+
+
+@runtime_checkable
+class SessionEngine(Protocol):
+    """An engine that can run a ``DecodeSession`` (the in-process HF engine)."""
+
+    def open_session(self, params: SamplingParams) -> DecodeSession:
+        """A session whose sequences all sample with ``params`` (its ``seed`` and ``max_new_tokens`` are per
+        sequence, given to ``submit``)."""
+        ...

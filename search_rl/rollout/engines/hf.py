@@ -8,27 +8,19 @@ batch and the KV cache (``DynamicCache.batch_select_indices``), so a sample that
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.cache_utils import DynamicLayer
 
 from search_rl.config import HFEngineConfig
-from search_rl.datatypes import FinishReason, Generated, SamplingParams
+from search_rl.datatypes import Generated, SamplingParams
 from search_rl.models.cache_arg import CACHE_KWARG
 from search_rl.rollout.engines.base import check_generate_args
+from search_rl.rollout.engines.decoding import LogitsProcessor, finish_reason, row_states, sample_tokens
+from search_rl.rollout.engines.hf_session import HFSession
 from search_rl.rollout.engines.in_process import InProcessEngine
 from search_rl.rollout.engines.prefix_cache import KV
-
-
-class LogitsProcessor(Protocol):
-    """Hook that may rewrite next-token logits of the active rows.
-
-    Called as ``(prompts, generated, logits)``: each row's prompt ids, the ids it generated so far in this call,
-    and its raw logits (R, V); returns logits (R, V).
-    """
-
-    def __call__(self, prompts: list[list[int]], generated: list[list[int]], logits: torch.Tensor) -> torch.Tensor: ...
 
 
 class HFEngine(InProcessEngine):
@@ -50,6 +42,23 @@ class HFEngine(InProcessEngine):
     ) -> None:
         super().__init__(model, tokenizer, cfg)
         self.logits_processor = logits_processor
+
+    @property
+    def supports_sessions(self) -> bool:
+        """Whether ``open_session`` works for this model: every cache layer is a plain ``DynamicLayer`` (sliding
+        windows and other layer kinds cannot be padded and concatenated)."""
+        layers = DynamicCache(config=self.model.config).layers
+        return all(type(layer) is DynamicLayer for layer in layers)
+
+    def open_session(self, params: SamplingParams) -> HFSession:
+        """A continuous-batching ``DecodeSession`` (``hf_session.HFSession``).
+
+        Raises:
+            ValueError: the model's cache is not made of plain ``DynamicLayer`` s (``supports_sessions``).
+        """
+        if not self.supports_sessions:
+            raise ValueError("HFEngine.open_session: this model's KV cache has non-dynamic layers (sliding window?)")
+        return HFSession(self, params)
 
     def generate(
         self,
@@ -125,28 +134,37 @@ class HFEngine(InProcessEngine):
             logits = self._forward(next_tok[:, None], attention, last_pos[:, None], cache)
         return [r for r in results if r is not None]
 
-    def _prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache]:
+    def _prefill(
+        self, prompts: list[list[int]], found: list[tuple[int, KV | None]] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache]:
         """Encode each distinct prompt once (a GRPO group's ``n`` samples share theirs) and give every row its copy;
-        return (logits (R, V), attention, last positions, cache)."""
+        return (logits (R, V), attention, last positions, cache). ``found``: reusable states per prompt (default:
+        looked up in the prefix store)."""
         rows_of: dict[tuple[int, ...], int] = {}
         index = [rows_of.setdefault(tuple(p), len(rows_of)) for p in prompts]
         if len(rows_of) == len(prompts):
-            return self._encode(prompts)
+            return self._encode(prompts, found)
         distinct = [list(p) for p in rows_of]
+        first = {k: i for i, k in reversed(list(enumerate(index)))}
+        distinct_found = [found[first[k]] for k in range(len(distinct))] if found is not None else None
         self.shared_prompt_tokens += sum(len(p) for p in prompts) - sum(len(p) for p in distinct)
-        logits, attention, last_pos, cache = self._encode(distinct)
+        logits, attention, last_pos, cache = self._encode(distinct, distinct_found)
         sel = torch.tensor(index, device=logits.device)
         cache.batch_select_indices(sel)
         return logits[sel], attention[sel], last_pos[sel], cache
 
-    def _encode(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache]:
-        """Encode the prompts, reusing stored prefixes; return (logits (R, V), attention, last positions, cache).
+    def _encode(
+        self, prompts: list[list[int]], found: list[tuple[int, KV | None]] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache]:
+        """Encode the prompts, reusing stored prefixes (``found``: (tokens reused, their states) per prompt, default
+        looked up in the prefix store); return (logits (R, V), attention, last positions, cache).
 
         Row layout, columns = cache positions: ``[pad][reused prefix (c_i)][pad][new suffix (s_i)]``, padding
         masked out of attention and positions counted over real tokens only, so every row sees exactly its prompt.
         """
         device = self.model.device
-        found = [self.prefix.lookup(p) if self.cfg.prefix_cache else (0, None) for p in prompts]
+        if found is None:
+            found = [self.prefix.lookup(p) if self.cfg.prefix_cache else (0, None) for p in prompts]
         reused = [c for c, _ in found]
         suffixes = [p[c:] for p, c in zip(prompts, reused, strict=True)]
         n, c_max, s_max = len(prompts), max(reused), max(len(s) for s in suffixes)
@@ -180,10 +198,7 @@ class HFEngine(InProcessEngine):
 
     def _store_prefix(self, fed: list[int], cache: DynamicCache, attention: torch.Tensor, row: int) -> None:
         """Keep a finished row's KV states (its real, non-padding columns) for the next call."""
-        keep = attention[row].bool()
-        assert int(keep.sum()) == len(fed), "KV columns and fed tokens must match"
-        kv = [(layer.keys[row][:, keep], layer.values[row][:, keep]) for layer in cache.layers]  # type: ignore[union-attr,index]
-        self.prefix.add(fed, kv)
+        self.prefix.add(fed, row_states(cache, attention, row, len(fed)))
 
     def _forward(
         self, input_ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, cache: DynamicCache
@@ -198,44 +213,3 @@ class HFEngine(InProcessEngine):
             logits_to_keep=1,  # the full (R, L, V) prefill logits would be GBs with a 49k vocabulary
         )
         return out.logits[:, -1, :].float()
-
-
-def finish_reason(
-    last: int, tail: str, stops: tuple[str, ...], n_generated: int, limit: int, eos: tuple[int, ...]
-) -> tuple[FinishReason | None, str | None]:
-    """Why a sample ends after its latest token ``last`` (``tail``: its last few tokens decoded), or (None, None) if
-    it goes on."""
-    if last in eos:
-        return "eos", None
-    # A stop string cannot have been complete before this token (the sample would have ended), so any stop
-    # string found in the decoded tail ends in the latest token.
-    found = [s for s in stops if s in tail]
-    if found:
-        return "stop", min(found, key=tail.find)
-    if n_generated >= limit:
-        return "length", None
-    return None, None
-
-
-def sample_tokens(
-    logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick one token per row; return (token ids (R,), their log-probs (R,))."""
-    if params.greedy:
-        tok = logits.argmax(dim=-1)  # (R,)
-        return tok, torch.log_softmax(logits, dim=-1).gather(-1, tok[:, None])[:, 0]
-    scaled = logits / params.temperature  # (R, V)
-    logp = torch.log_softmax(scaled, dim=-1)
-    filtered = scaled
-    if params.top_k > 0 and params.top_k < scaled.shape[-1]:
-        kth = torch.topk(scaled, params.top_k, dim=-1).values[:, -1:]  # (R, 1)
-        filtered = filtered.masked_fill(filtered < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_logits, sorted_idx = torch.sort(filtered, descending=True, dim=-1)
-        cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
-        drop_sorted = cum - torch.softmax(sorted_logits, dim=-1) > params.top_p  # keep the token that crosses top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, sorted_idx, drop_sorted)
-        filtered = filtered.masked_fill(drop, float("-inf"))
-    probs = torch.softmax(filtered, dim=-1)
-    tok = torch.multinomial(probs, 1, generator=gen)[:, 0]  # (R,)
-    return tok, logp.gather(-1, tok[:, None])[:, 0]

@@ -28,7 +28,7 @@ from search_rl.config import HFEngineConfig
 from search_rl.datatypes import Generated, SamplingParams
 from search_rl.models.cache_arg import CACHE_KWARG
 from search_rl.rollout.engines.base import check_generate_args
-from search_rl.rollout.engines.hf import LogitsProcessor, finish_reason, sample_tokens
+from search_rl.rollout.engines.decoding import LogitsProcessor, finish_reason, sample_tokens
 from search_rl.rollout.engines.in_process import InProcessEngine
 from search_rl.rollout.engines.slot_cache import SlotCache, WritePlan
 
