@@ -42,7 +42,8 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "datasets" / "nq_hotpotqa_
 
 
 class CountingEngine(HFEngine):
-    """HF engine that keeps every result, to count tokens after stops independently of the manager."""
+    """HF engine that keeps every result (of ``generate`` calls and of sessions), to count tokens after stops
+    independently of the manager."""
 
     results: list[Generated]
 
@@ -50,6 +51,18 @@ class CountingEngine(HFEngine):
         out = super().generate(prompts, params, max_new_tokens)
         self.results.extend(out)
         return out
+
+    def open_session(self, params):  # type: ignore[no-untyped-def]
+        session = super().open_session(params)
+        step = session.step
+
+        def counted_step():  # type: ignore[no-untyped-def]
+            done = step()
+            self.results.extend(g for _, g in done)
+            return done
+
+        session.step = counted_step  # type: ignore[method-assign]
+        return session
 
 
 def tokens_after_stop(tokenizer, results: list[Generated], eos: tuple[int, ...]) -> int:
@@ -128,6 +141,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--greedy", action="store_true", help="argmax decoding in both the rollout and the baseline")
     ap.add_argument("--no-prefix-cache", action="store_true", help="re-encode the whole context every turn")
+    ap.add_argument(
+        "--schedule",
+        choices=["continuous", "turns"],
+        default="continuous",
+        help="rollout.schedule (default: continuous)",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch threads (1 makes CPU-time figures exact)")
     ap.add_argument("--dump", type=Path, default=None, help="write the first --dump-k trajectories here (Markdown)")
     ap.add_argument("--dump-k", type=int, default=4)
@@ -150,6 +169,7 @@ def main() -> None:
         max_response_tokens=args.max_response_tokens,
         temperature=args.temperature,
         on_retriever_error="raise",
+        schedule=args.schedule,
     )
     manager = LLMGenerationManager(engine, tokenizer, client, cfg)
     engine.generate(prompts[:2], SamplingParams(max_new_tokens=4, seed=0))  # warm-up, not timed
@@ -186,6 +206,7 @@ def main() -> None:
     )
     if args.dump is not None:
         dump(args.dump, tokenizer, rows, result, args.dump_k)
+    print(f"schedule: {args.schedule}")
     print(f"rollout_bench ratio={rollout_tps / plain_tps:.3f} tokens_after_stop={after}")
 
 
