@@ -7,6 +7,7 @@ the top-3 passages, ``data_prep.ceiling.has_answer``) and its ratio to Flat's, b
 time for the 600 questions (one thread). Then, per type, the cheapest setting keeping >= 0.98 of Flat's answer recall.
 
     python bench/index_quality_bench.py
+    python bench/index_quality_bench.py --flat-only --encoder-backend onnx-int8   # an encoder backend's recall
 
 Last line: ``index_quality_bench flat_answer_recall3=<x> keep98=<type@setting,...>``.
 """
@@ -73,19 +74,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--split", default="nq_hotpotqa_mini/test.parquet")
     ap.add_argument("--keep", type=float, default=0.98, help="fraction of Flat's answer recall to keep")
+    ap.add_argument("--encoder-backend", default="torch", help="what encodes the questions: torch, onnx or onnx-int8")
+    ap.add_argument("--flat-only", action="store_true", help="only the Flat index (to compare encoder backends)")
     args = ap.parse_args()
     faiss.omp_set_num_threads(1)
     vectors = shipped_vectors()
     corpus = load_corpus(SHIPPED_CORPUS)
     questions, answers = split_questions(args.split)
-    q = Encoder("all-MiniLM-L6-v2").encode_queries(questions)
-    print(f"{len(vectors)} passages, {len(questions)} questions ({args.split})")
+    q = Encoder("all-MiniLM-L6-v2", backend=args.encoder_backend).encode_queries(questions)
+    print(f"{len(vectors)} passages, {len(questions)} questions ({args.split}), queries by {args.encoder_backend}")
     flat_top: np.ndarray | None = None
     flat_recall = 0.0
     print("| index | setting | top-3 = Flat's | top-10 overlap | answer recall@3 | vs Flat | bytes/vector | ms/600 q |")
     print("|---|---|---|---|---|---|---|---|")
     keep: list[str] = []
-    for factory, param, values in TYPES:
+    for factory, param, values in TYPES[:1] if args.flat_only else TYPES:
         t0 = time.perf_counter()
         index = faiss.index_factory(vectors.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
         if not index.is_trained:

@@ -15,6 +15,7 @@ import torch
 from data_prep.build_default_dataset import DEFAULT_OUT
 from data_prep.rows import read_rows
 from retriever_server.index.build import make_encoder
+from retriever_server.index.shipped_embeddings import SHIPPED_EMBEDDINGS_DIR
 from retriever_server.retrievers import onnx_encoder
 from retriever_server.retrievers.encoder import Encoder, encoder_fingerprint, resolve_device
 from retriever_server.settings import DEFAULT_ENCODER, EncoderBackend, Settings
@@ -110,3 +111,31 @@ def test_backend_setting_from_the_environment(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("RETRIEVER_ENCODER_BACKEND", "tensorrt")
     with pytest.raises(ValueError, match="onnx-int8"):
         Settings(_env_file=None)
+
+
+@pytest.mark.slow
+def test_int8_keeps_the_answer_recall_of_torch(index_dir: Path) -> None:
+    """The int8 export's gate (docs/retriever.md): over the 600 shipped test questions against the shipped corpus's
+    vectors (exact search), answer recall@3 within 0.01 of torch's."""
+    from data_prep.ceiling import has_answer
+    from retriever_server.index.corpus import load_corpus
+    from retriever_server.settings import SHIPPED_CORPUS
+
+    rows = list(read_rows(DEFAULT_OUT / "nq_hotpotqa_mini" / "test.parquet"))
+    questions = [r["question"] for r in rows]
+    answers = [list(r["reward_model"]["ground_truth"]["target"]) for r in rows]
+    parts = sorted((SHIPPED_EMBEDDINGS_DIR / "wiki_mini").glob("embeddings-*.npy"))
+    vectors = np.concatenate([np.load(p) for p in parts]).astype(np.float32)  # (N, 384)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    contents = load_corpus(SHIPPED_CORPUS).contents
+
+    def recall(encoder: Encoder) -> float:
+        top = np.argsort(-(encoder.encode_queries(questions) @ vectors.T), axis=1)[:, :3]  # (Q, 3)
+        return float(
+            np.mean([has_answer([contents[int(i)] for i in row], a) for row, a in zip(top, answers, strict=True)])
+        )
+
+    int8 = Encoder(DEFAULT_ENCODER, backend="onnx-int8", threads=1, cache_dir=index_dir / "encoders")
+    torch_recall, int8_recall = recall(Encoder(DEFAULT_ENCODER)), recall(int8)
+    assert torch_recall > 0.5  # the questions and vectors are the shipped ones, not noise
+    assert abs(int8_recall - torch_recall) <= 0.01, f"int8 {int8_recall:.3f} vs torch {torch_recall:.3f}"
