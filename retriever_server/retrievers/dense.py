@@ -45,6 +45,17 @@ def read_faiss_index(path: Path, mmap: bool = True, rows: int | None = None) -> 
     return index
 
 
+BLAS_QUERY_THRESHOLD = 20
+"""Query batches at least this large compute exact inner products as one BLAS matrix product (faiss's historic
+default). faiss 1.15 ships 128,000, so a Flat search of a 128-query batch ran its per-query kernel: 155 ms against
+17 ms by BLAS on the 2-core reference machine, the same top-10 (docs/experiments/2026-11-27-int8-query-encoder.md)."""
+
+
+def use_blas_for_query_batches(threshold: int = BLAS_QUERY_THRESHOLD) -> None:
+    """Make exact (Flat, and IVF coarse-quantizer) searches of ``threshold`` or more queries use BLAS; process-wide."""
+    faiss.cvar.distance_compute_blas_threshold = threshold
+
+
 def set_search_params(index: faiss.Index, ef_search: int, nprobe: int) -> None:
     """Set efSearch (HNSW) and nprobe (IVF) where the index has them; search-time knobs, not part of the file."""
     params = faiss.ParameterSpace()
@@ -66,6 +77,7 @@ class FaissDenseRetriever:
         self.index = index
         self.encoder = encoder
         set_search_params(index, ef_search, nprobe)
+        use_blas_for_query_batches()
 
     def search(self, queries: list[str], topk: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-k by inner product (= cosine) for each query."""
