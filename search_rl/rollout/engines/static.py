@@ -155,7 +155,9 @@ class StaticEngine(InProcessEngine):
         """The cache, reallocated (dropping captured graphs) when it has fewer slots or columns than asked."""
         if self._cache is None or self._cache.slots < slots or self._cache.length < length:
             have = (self._cache.slots, self._cache.length) if self._cache is not None else (0, 0)
-            self._cache, self._graphs = None, {}  # free the old buffers (and graphs reading them) first
+            # free the old buffers and the graphs reading them first; their pool goes too (capturing into a pool whose
+            # graphs were all freed trips an assert in CUDA's caching allocator)
+            self._cache, self._graphs, self._pool = None, {}, None
             new_slots, new_length = max(slots, have[0]), max(length, have[1])
             device, dtype = self.model.device, self.model.dtype
             cache = SlotCache(self.model.config, new_slots, new_length, dtype, device)

@@ -154,8 +154,22 @@ def test_a_longer_call_grows_the_cache_and_sleep_frees_it(tiny_model, tokenizer)
     _assert_same(engine.generate(long, GREEDY), HFEngine(tiny_model, tokenizer).generate(long, GREEDY))
     assert engine._cache.length > 128
     engine.sleep()
+    assert engine._pool is None
     assert engine._cache is None
     _assert_same(engine.generate(prompts, GREEDY), HFEngine(tiny_model, tokenizer).generate(prompts, GREEDY))
+
+
+def test_growing_the_cache_drops_the_graph_pool_with_its_graphs(tiny_model, tokenizer):
+    """A CUDA graph pool whose graphs were all freed must not be captured into again (CUDA's caching allocator
+    asserts ``use_count > 0``; it did on an H200 when a longer call grew the cache), so it goes with them."""
+    engine = StaticEngine(tiny_model, tokenizer)
+    prompts = _ids(tokenizer, PROMPTS)
+    engine.generate(prompts, GREEDY)
+    engine._pool = object()  # as if graphs had been captured into a pool (CPU never captures)
+    engine.generate(prompts, GREEDY)
+    assert engine._pool is not None  # same cache: its graphs and their pool stay
+    engine.generate([p * 12 for p in prompts], GREEDY)
+    assert engine._pool is None
 
 
 def test_rejects_attention_without_explicit_masks(tokenizer):
@@ -179,3 +193,6 @@ def test_cuda_graph_replay_equals_eager_decoding(tokenizer):
     graphed.update_weights(other.named_parameters(), version=1)
     _assert_same(graphed.generate(prompts, params), HFEngine(other.cuda(), tokenizer).generate(prompts, params))
     assert graphed.captures == 1  # the weights were copied in place: no new capture
+    long = [p * 12 for p in prompts]  # a longer call grows the cache: new graphs in a new pool
+    _assert_same(graphed.generate(long, params), eager.generate(long, params))
+    assert graphed.captures == 2
