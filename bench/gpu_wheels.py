@@ -79,7 +79,8 @@ def pack(folder: Path, max_bytes: int) -> list[Path]:
 
 def join_parts(folder: Path) -> list[Path]:
     """Rebuild every split file of ``folder`` from its parts, check it against its ``.sha256`` and remove the parts;
-    returns the rebuilt files. A whole file already there with the right digest is kept as it is.
+    returns the rebuilt files. A whole file already there with the right digest is kept as it is, and parts of it
+    copied in again are removed.
 
     Raises:
         ValueError: a part is missing, or the joined file's digest is not the recorded one.
@@ -89,7 +90,9 @@ def join_parts(folder: Path) -> list[Path]:
         expected, name = manifest.read_text().split()
         target = folder / name
         matches = [m for p in folder.glob(f"{name}.part-*") if (m := PART.match(p.name))]
-        if not matches and target.is_file() and sha256(target) == expected:
+        if target.is_file() and sha256(target) == expected:
+            for m in matches:
+                (folder / m.group(0)).unlink()
             continue
         count = int(matches[0]["count"]) if matches else 0
         have = {int(m["index"]): folder / m.group(0) for m in matches}

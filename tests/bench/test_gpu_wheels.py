@@ -49,6 +49,11 @@ def test_pack_bounds_every_load_and_join_restores_the_files(gw: ModuleType, tmp_
     assert {p.name: p.read_bytes() for p in dst.glob("*.whl")} == files
     assert not list(dst.glob("*.part-*"))  # the parts are gone
     assert gw.join_parts(dst) == []  # joined already: nothing to do
+    for path in loads[-1].iterdir():  # the last folder copied in again: its part comes back beside the wheel
+        shutil.copy(path, dst / path.name)
+    assert list(dst.glob("*.part-*"))
+    assert gw.join_parts(dst) == [] and not list(dst.glob("*.part-*"))
+    assert {p.name: p.read_bytes() for p in dst.glob("*.whl")} == files
 
 
 def test_join_refuses_a_missing_part(gw: ModuleType, tmp_path: Path) -> None:
