@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -67,6 +68,59 @@ def time_call(
     return time.perf_counter() - start, sum(len(g.token_ids) for g in out)
 
 
+def measure(  # type: ignore[no-untyped-def]
+    engine_name: str,
+    model: transformers.PreTrainedModel,
+    tokenizer,
+    cfg: HFEngineConfig,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    device: torch.device,
+) -> tuple[float, float, int]:
+    """(first call's seconds, timed call's seconds, generated tokens) of one engine on ``prompts``."""
+    if engine_name == "transformers-cb":
+        return time_continuous_batching(model, tokenizer, prompts, params, device)
+    engine: RolloutEngine = (
+        HFEngine(model, tokenizer, cfg)
+        if engine_name == "hf"
+        else StaticEngine(model, tokenizer, cfg, cuda_graphs=engine_name == "static")
+    )
+    first, _ = time_call(engine, prompts, params, device)
+    seconds, tokens = time_call(engine, prompts, params, device)
+    return first, seconds, tokens
+
+
+def time_continuous_batching(  # type: ignore[no-untyped-def]
+    model: transformers.PreTrainedModel,
+    tokenizer,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    device: torch.device,
+) -> tuple[float, float, int]:
+    """transformers' own continuous batching (``generate_batch``, paged attention) on the same prompts: the same
+    token budget and sampling temperature, EOS as its only stop (it has no stop strings), for comparison."""
+    gen_cfg = transformers.GenerationConfig(
+        max_new_tokens=params.max_new_tokens,
+        do_sample=True,
+        temperature=params.temperature,
+        top_k=0,
+        top_p=1.0,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    times, tokens = [], 0
+    for _ in range(2):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = model.generate_batch(inputs=prompts, generation_config=gen_cfg)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+        tokens = sum(len(o.generated_tokens) for o in out.values())
+    return times[0], times[1], tokens
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", choices=["tiny", *sorted(ARCHS)], default="tiny")
@@ -75,11 +129,14 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--max-batch-size", type=int, default=64, help="rollout.hf.max_batch_size of both engines")
-    ap.add_argument("--engines", nargs="+", choices=["hf", "static"], default=["hf", "static"])
+    ap.add_argument(
+        "--engines", nargs="+", choices=["hf", "static", "static-eager", "transformers-cb"], default=["hf", "static"]
+    )
+    ap.add_argument("--tokenizer", default=None, help="a saved tokenizer folder (default: SmolLM2's)")
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
-    tokenizer = load_tokenizer()
+    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else load_tokenizer()
     model = build_model(args.arch, tokenizer, dtype, device)
     cfg = HFEngineConfig(max_batch_size=args.max_batch_size)
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
@@ -89,19 +146,20 @@ def main() -> None:
     for seqs in args.seqs:
         prompts = torch.randint(100, min(len(tokenizer), 40000), (seqs, args.prompt_tokens), generator=gen).tolist()
         for engine_name in args.engines:
-            engine: RolloutEngine = (
-                HFEngine(model, tokenizer, cfg) if engine_name == "hf" else StaticEngine(model, tokenizer, cfg)
-            )
-            first, _ = time_call(engine, prompts, params, device)
-            seconds, tokens = time_call(engine, prompts, params, device)
-            tok_s = tokens / seconds
+            try:
+                first, seconds, tokens = measure(engine_name, model, tokenizer, cfg, prompts, params, device)
+            except Exception as e:  # one engine failing on a new device still lets the others report
+                traceback.print_exc()
+                print(f"static_engine_bench engine={engine_name} arch={args.arch} seqs={seqs} error={e!r:.200}")
+                continue
+            finally:
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
             print(
                 f"static_engine_bench engine={engine_name} arch={args.arch} device={name.replace(' ', '_')} "
-                f"seqs={seqs} tok_s={tok_s:.0f} first_s={first:.2f}"
+                f"seqs={seqs} tok_s={tokens / seconds:.0f} first_s={first:.2f}",
+                flush=True,
             )
-            del engine
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

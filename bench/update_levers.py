@@ -7,7 +7,8 @@ so loss and gradient norm agree up to the compute dtype's rounding; what changes
 
 One worker (world size 1) rolls out a GRPO batch once (no search), then runs, per setting, the old and reference
 log-prob passes and one optimizer step over the whole batch at a learning rate of 1e-30, which leaves the weights as
-they were, so every setting starts from them. A warm-up update runs first. Prints one row per setting.
+they were, so every setting starts from them: the levers off, each alone, then all on. A warm-up update runs first.
+Prints one row per setting as it finishes, then the table.
 
 Run alone (or through ``bench/gpu_check.py --levers``)::
 
@@ -57,8 +58,8 @@ def compare_levers(
     chunk_tokens: int = 2048,
     max_tokens: int | None = None,
 ) -> list[LeverRow]:
-    """Rows for the levers off and on (``max_tokens`` None: the update's budget is ``micro`` times the mean row's
-    padded length, the log-prob passes' twice that)."""
+    """Rows for the levers off, each alone, and all on (``max_tokens`` None: the update's budget is ``micro`` times
+    the mean row's padded length, the log-prob passes' twice that)."""
     import torch
 
     from search_rl.batches import BatchMeta
@@ -130,8 +131,21 @@ def compare_levers(
         f"{2 * max_tokens}, sorted log-prob passes; {len(batch)} samples",
         flush=True,
     )
+    settings = (
+        ("warm-up", off),
+        ("off", off),
+        ("chunked log-probs", dataclasses.replace(off, logprob_chunk_tokens=chunk_tokens)),
+        (
+            "token budgets",
+            dataclasses.replace(
+                off, ppo_max_token_len_per_gpu=max_tokens, log_prob_max_token_len_per_gpu=2 * max_tokens
+            ),
+        ),
+        ("sorted log-prob passes", dataclasses.replace(off, log_prob_sort_by_length=True)),
+        ("all on", on),
+    )
     rows = []
-    for name, cfg in (("warm-up", off), ("off", off), ("on", on)):
+    for name, cfg in settings:
         worker.actor_cfg = cfg
         if gpu:
             torch.cuda.synchronize()
@@ -158,17 +172,23 @@ def compare_levers(
                 peak,
             )
         )
+        print(f"done: {format_row(rows[-1])}", flush=True)  # kept if a time limit stops the rest
     return rows[1:]
+
+
+def format_row(r: LeverRow) -> str:
+    """One table row: name | old | ref | update seconds | update tok/s | loss | grad norm | peak GB."""
+    return (
+        f"{r.name} | {r.old_s:.2f} | {r.ref_s:.2f} | {r.update_s:.2f} | {r.update_tok_s:.0f} | {r.loss:.6g}"
+        f" | {r.grad_norm:.6g} | {r.peak_gb:.2f}"
+    )
 
 
 def print_rows(rows: list[LeverRow]) -> None:
     """The comparison table and the relative differences of loss and gradient norm."""
     print("levers | old log-prob s | ref log-prob s | update s | update tok/s | loss | grad norm | peak GB")
     for r in rows:
-        print(
-            f"{r.name} | {r.old_s:.2f} | {r.ref_s:.2f} | {r.update_s:.2f} | {r.update_tok_s:.0f} | {r.loss:.6g}"
-            f" | {r.grad_norm:.6g} | {r.peak_gb:.2f}"
-        )
+        print(format_row(r))
     off, on = rows[0], rows[-1]
     loss_diff = abs(on.loss - off.loss) / max(abs(off.loss), 1e-12)
     norm_diff = abs(on.grad_norm - off.grad_norm) / max(abs(off.grad_norm), 1e-12)
