@@ -17,8 +17,8 @@ from pathlib import Path
 
 from data_prep.build_default_dataset import DEFAULT_OUT
 from data_prep.rows import read_rows
-from retriever_server.retrievers.encoder import Encoder
-from retriever_server.settings import DEFAULT_ENCODER, EncoderBackend, Settings
+from retriever_server.retrievers.encoder import Encoder, default_export_cache
+from retriever_server.settings import DEFAULT_ENCODER, EncoderBackend
 
 
 def queries_per_second(encoder: Encoder, questions: list[str], batch_size: int, repeats: int) -> float:
@@ -34,15 +34,15 @@ def queries_per_second(encoder: Encoder, questions: list[str], batch_size: int, 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--backends", nargs="+", default=[b.value for b in EncoderBackend])
+    ap.add_argument("--backends", nargs="+", default=[b.value for b in EncoderBackend if b is not EncoderBackend.auto])
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8, 32, 128])
     ap.add_argument("--queries", type=int, default=256, help="first N test questions (600 in all)")
     ap.add_argument("--repeats", type=int, default=2, help="timed passes per configuration; the best is reported")
     ap.add_argument("--model", default=DEFAULT_ENCODER)
-    ap.add_argument("--cache-dir", type=Path, default=None, help="ONNX export cache (default: <index_dir>/encoders)")
+    ap.add_argument("--cache-dir", type=Path, default=None, help="ONNX export cache (default: the user cache's)")
     args = ap.parse_args()
-    cache_dir = args.cache_dir or Settings().index_dir / "encoders"
+    cache_dir = args.cache_dir or default_export_cache()
     rows = read_rows(DEFAULT_OUT / "nq_hotpotqa_mini" / "test.parquet")
     questions = [r["question"] for _, r in zip(range(args.queries), rows, strict=False)]
     print(f"{len(questions)} questions, model {args.model}")

@@ -29,6 +29,7 @@ from filelock import FileLock
 from retriever_server.api.errors import without_paths
 from retriever_server.index.build import index_path
 from retriever_server.index.corpus import Corpus
+from retriever_server.retrievers.encoder import resolve_backend
 from retriever_server.settings import Method, Settings
 
 logger = logging.getLogger(__name__)
@@ -69,8 +70,9 @@ def search_settings(settings: Settings) -> dict[str, SearchValue]:
         query_prefix, _ = settings.resolved_prefixes()
         out |= {
             "encoder_model": without_paths(settings.encoder_model),
-            # read with a default: the backend setting is newer than this module
-            "encoder_backend": str(getattr(settings, "encoder_backend", "torch")),
+            "encoder_backend": resolve_backend(
+                settings.encoder_backend, settings.encoder_model, settings.encoder_device
+            ).value,
             "query_prefix": query_prefix,
             "ivf_nprobe": settings.ivf_nprobe,
             "hnsw_ef_search": settings.hnsw_ef_search,

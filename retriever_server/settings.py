@@ -37,6 +37,9 @@ class Method(StrEnum):
 class EncoderBackend(StrEnum):
     """What runs the query encoder (docs/retriever.md, "Encoder backends")."""
 
+    auto = "auto"
+    """``onnx`` for an encoder whose export was checked against torch's embeddings (the shipped all-MiniLM-L6-v2)
+    when it runs on CPU and onnxruntime is installed; otherwise ``torch``."""
     torch = "torch"
     """sentence-transformers itself, on ``encoder_device`` (CPU or GPU)."""
     onnx = "onnx"
@@ -63,9 +66,9 @@ class Settings(BaseSettings):
     """sentence-transformers model: a local folder, a hub name, or ``all-MiniLM-L6-v2`` (shipped on PyPI)."""
     encoder_device: str = "cpu"
     """Where the encoder runs: ``cpu``, ``cuda`` (``cuda:1``...), or ``auto`` (the GPU when there is one)."""
-    encoder_backend: EncoderBackend = EncoderBackend.torch
-    """What encodes queries: ``torch``, ``onnx`` or ``onnx-int8`` (CPU only, exported once into
-    ``<index_dir>/encoders``). Passages (index builds) are always encoded by torch."""
+    encoder_backend: EncoderBackend = EncoderBackend.auto
+    """What encodes queries: ``auto``, ``torch``, ``onnx`` or ``onnx-int8`` (the ONNX ones on CPU only, exported once
+    into the user cache's ``indexes/encoders``). Passages (index builds) are always encoded by torch."""
     encoder_threads: int | None = Field(default=None, ge=1)
     """Intra-op threads of the query encoder; ``None`` = ``torch_threads`` (all cores when that is unset too)."""
     query_prefix: str | None = None
@@ -111,7 +114,7 @@ class Settings(BaseSettings):
     """Concurrent requests are coalesced into one encoder + index batch of at most this many queries."""
     batch_max_wait_ms: float = Field(default=50.0, ge=0)
     """Longest a batch waits for more queries before it starts (see ``batch_wait_fraction``)."""
-    batch_wait_fraction: float = Field(default=0.1, ge=0)
+    batch_wait_fraction: float = Field(default=0.3, ge=0)
     """A batch waits for as many queries as the previous batch served, but at most this fraction of the previous
     batch's search time (and at most ``batch_max_wait_ms``); 0 starts every batch at once."""
     cache_size: int = Field(default=10_000, ge=0)

@@ -105,7 +105,7 @@ class QueryBatcher:
         max_queries: int,
         max_wait_s: float,
         metrics: ServiceMetrics,
-        wait_fraction: float = 0.1,
+        wait_fraction: float = 0.3,
         max_chars: int = sys.maxsize,
         max_queue_wait_s: float = math.inf,
     ) -> None:

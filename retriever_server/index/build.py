@@ -82,7 +82,6 @@ def make_encoder(settings: Settings) -> Encoder:
         device=settings.encoder_device,
         backend=settings.encoder_backend,
         threads=settings.encoder_threads or settings.torch_threads,
-        cache_dir=settings.index_dir / "encoders",
     )
 
 

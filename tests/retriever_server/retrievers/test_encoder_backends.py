@@ -1,5 +1,6 @@
 """Query encoder backends: the fp32 ONNX export gives torch's embeddings (cosine >= 0.99 per real question), exports
-are cached and reused, settings reach the encoder, and ``auto`` picks the GPU when torch sees one.
+are cached and reused, settings reach the encoder, the ``auto`` device picks the GPU when torch sees one, and the
+``auto`` backend picks the fp32 export only for the checked encoder on CPU, whose embeddings do not depend on the batch.
 
     python -m pytest -q tests/retriever_server/retrievers/test_encoder_backends.py
 """
@@ -17,7 +18,13 @@ from data_prep.rows import read_rows
 from retriever_server.index.build import make_encoder
 from retriever_server.index.shipped_embeddings import SHIPPED_EMBEDDINGS_DIR
 from retriever_server.retrievers import onnx_encoder
-from retriever_server.retrievers.encoder import Encoder, encoder_fingerprint, resolve_device
+from retriever_server.retrievers.encoder import (
+    Encoder,
+    default_export_cache,
+    encoder_fingerprint,
+    resolve_backend,
+    resolve_device,
+)
 from retriever_server.settings import DEFAULT_ENCODER, EncoderBackend, Settings
 
 pytest.importorskip("onnxruntime", reason="the ONNX backends need onnxruntime (pip install -e .)")
@@ -38,13 +45,12 @@ def index_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def torch_embeddings(questions: list[str]) -> np.ndarray:
-    return Encoder(DEFAULT_ENCODER).encode_queries(questions)
+    return Encoder(DEFAULT_ENCODER, backend="torch").encode_queries(questions)
 
 
 @pytest.fixture(scope="module")
 def onnx_encoder_(index_dir: Path) -> Encoder:
-    settings = Settings(encoder_backend="onnx", encoder_threads=1, index_dir=index_dir, show_progress=False)
-    return make_encoder(settings)
+    return Encoder(DEFAULT_ENCODER, backend="onnx", threads=1, cache_dir=index_dir / "encoders")
 
 
 @pytest.mark.slow
@@ -60,11 +66,58 @@ def test_onnx_matches_torch(
 
 
 @pytest.mark.slow
-def test_settings_reach_the_onnx_encoder(onnx_encoder_: Encoder, index_dir: Path) -> None:
+def test_onnx_encoder_is_exported_into_its_cache(onnx_encoder_: Encoder, index_dir: Path) -> None:
     assert onnx_encoder_.backend is EncoderBackend.onnx and onnx_encoder_.dim == 384
     assert onnx_encoder_._queries.session.get_session_options().intra_op_num_threads == 1
     (export,) = (index_dir / "encoders").iterdir()  # no temporary folder left beside it
     assert export.name.startswith("onnx-") and (export / "export.json").is_file()
+
+
+@pytest.mark.slow
+def test_settings_reach_the_encoder_and_exports_are_shared_by_index_folders(tmp_path: Path) -> None:
+    """The default (``auto``) runs the shipped MiniLM's fp32 export from the user cache, whatever the index folder."""
+    first = make_encoder(Settings(encoder_threads=1, index_dir=tmp_path / "a", show_progress=False))
+    assert first.backend is EncoderBackend.onnx
+    assert first._queries.session.get_session_options().intra_op_num_threads == 1
+    fingerprint = encoder_fingerprint(DEFAULT_ENCODER)
+    assert fingerprint is not None
+    assert (onnx_encoder.export_dir(default_export_cache(), "onnx", fingerprint) / "export.json").is_file()
+    assert not (tmp_path / "a").exists()  # nothing written into the index folder
+    torch_settings = Settings(encoder_backend="torch", index_dir=tmp_path / "b", show_progress=False)
+    assert make_encoder(torch_settings).backend is EncoderBackend.torch
+
+
+def test_auto_backend_is_onnx_only_for_the_checked_encoder_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert resolve_backend("auto", DEFAULT_ENCODER, "cpu") is EncoderBackend.onnx
+    assert resolve_backend("auto", "sentence-transformers/all-MiniLM-L6-v2", "cpu") is EncoderBackend.onnx
+    assert resolve_backend("auto", "intfloat/e5-base-v2", "cpu") is EncoderBackend.torch  # recall not checked
+    assert resolve_backend("auto", DEFAULT_ENCODER, "cuda") is EncoderBackend.torch  # ONNX backends are CPU-only
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_backend("auto", DEFAULT_ENCODER, "auto") is EncoderBackend.torch  # the GPU, as Search-R1's
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_backend("auto", DEFAULT_ENCODER, "auto") is EncoderBackend.onnx
+    for named in ("torch", "onnx", "onnx-int8"):
+        assert resolve_backend(named, "intfloat/e5-base-v2", "cuda") is EncoderBackend(named)
+
+
+def test_auto_backend_falls_back_to_torch_without_onnxruntime(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name))
+    assert resolve_backend("auto", DEFAULT_ENCODER, "cpu") is EncoderBackend.torch
+
+
+@pytest.mark.slow
+def test_onnx_embeddings_do_not_depend_on_the_batch(onnx_encoder_: Encoder, questions: list[str]) -> None:
+    """Why ``auto`` picks ``onnx`` and not ``onnx-int8``: a query's embedding is the same alone, in a batch and in
+    another order (so a server's answer to one request does not depend on the requests batched with it)."""
+    some = questions[:24]
+    batched = onnx_encoder_.encode_queries(some, batch_size=24)
+    alone = np.concatenate([onnx_encoder_.encode_queries([q], batch_size=1) for q in some])
+    reordered = onnx_encoder_.encode_queries(some[::-1], batch_size=24)[::-1]
+    np.testing.assert_allclose(alone, batched, atol=1e-6)
+    np.testing.assert_allclose(reordered, batched, atol=1e-6)
 
 
 @pytest.mark.slow
@@ -104,6 +157,7 @@ def test_unknown_backend_names_the_choices() -> None:
 
 
 def test_backend_setting_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings(_env_file=None).encoder_backend is EncoderBackend.auto
     monkeypatch.setenv("RETRIEVER_ENCODER_BACKEND", "onnx-int8")
     monkeypatch.setenv("RETRIEVER_ENCODER_THREADS", "2")
     s = Settings(_env_file=None)
@@ -136,6 +190,6 @@ def test_int8_keeps_the_answer_recall_of_torch(index_dir: Path) -> None:
         )
 
     int8 = Encoder(DEFAULT_ENCODER, backend="onnx-int8", threads=1, cache_dir=index_dir / "encoders")
-    torch_recall, int8_recall = recall(Encoder(DEFAULT_ENCODER)), recall(int8)
+    torch_recall, int8_recall = recall(Encoder(DEFAULT_ENCODER, backend="torch")), recall(int8)
     assert torch_recall > 0.5  # the questions and vectors are the shipped ones, not noise
     assert abs(int8_recall - torch_recall) <= 0.01, f"int8 {int8_recall:.3f} vs torch {torch_recall:.3f}"

@@ -58,7 +58,7 @@ def test_two_shards_on_two_nodes_match_one_index(
     assert any(p >= 300 for p in positions.ravel()) and any(p < 300 for p in positions.ravel())
     assert health["index_key"].startswith("shards-") and len(health["corpus_sha256"]) == 64
     assert health["search_settings"]["encoder_model"] == "all-MiniLM-L6-v2"
-    assert health["search_settings"]["encoder_backend"] == "torch"
+    assert health["search_settings"]["encoder_backend"] == "onnx"  # auto, for the shipped MiniLM on CPU
 
 
 def test_merge_fills_from_either_shard_and_skips_empty_slots() -> None:
