@@ -4,8 +4,12 @@ second encoding the shipped test questions (``nq_hotpotqa_mini/test.parquet``) w
     python bench/encoder_bench.py                      # torch, onnx, onnx-int8 x threads 1, 2 x batch 1, 8, 32, 128
     python bench/encoder_bench.py --backends onnx-int8 --threads 2 --batch-sizes 32 --queries 600
 
-One line per configuration: ``encoder_bench backend=<b> threads=<t> batch=<n> qps=<x>``. ONNX exports are made on
-first use into ``--cache-dir`` (default: the index cache's ``encoders/``, where the server looks) and reused.
+One line per configuration: ``encoder_bench backend=<b> threads=<t> batch=<n> qps=<x>``; then per backend its
+agreement with torch over the first 64 questions, ``encoder_bench backend=<b> min_cosine_to_torch=<c>
+max_alone_vs_batched=<d>`` (the largest difference of an embedding component between a question encoded alone and in
+a batch of 64: what a server's answer to one request may owe to the requests batched with it). ONNX exports are made
+on first use into ``--cache-dir`` (default: the user cache's ``indexes/encoders``, where the server looks) and
+reused.
 Run it on an otherwise idle machine: figures from a shared one are noise.
 """
 
@@ -14,6 +18,8 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+
+import numpy as np
 
 from data_prep.build_default_dataset import DEFAULT_OUT
 from data_prep.rows import read_rows
@@ -52,6 +58,17 @@ def main() -> None:
             for batch_size in args.batch_sizes:
                 qps = queries_per_second(encoder, questions, batch_size, args.repeats)
                 print(f"encoder_bench backend={backend} threads={threads} batch={batch_size} qps={qps:.1f}", flush=True)
+    reference = Encoder(args.model, backend="torch").encode_queries(questions[:64])
+    for backend in args.backends:
+        cosine, drift = agreement(Encoder(args.model, backend=backend, cache_dir=cache_dir), questions[:64], reference)
+        print(f"encoder_bench backend={backend} min_cosine_to_torch={cosine:.4f} max_alone_vs_batched={drift:.2e}")
+
+
+def agreement(encoder: Encoder, questions: list[str], reference: np.ndarray) -> tuple[float, float]:
+    """(smallest cosine to ``reference``'s embeddings, largest |alone - batched| component) over ``questions``."""
+    batched = encoder.encode_queries(questions, batch_size=len(questions))
+    alone = np.concatenate([encoder.encode_queries([q], batch_size=1) for q in questions])
+    return float((batched * reference).sum(axis=1).min()), float(np.abs(alone - batched).max())
 
 
 if __name__ == "__main__":

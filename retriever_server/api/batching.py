@@ -43,6 +43,7 @@ import numpy as np
 from retriever_server.api.metrics import ServiceMetrics
 from retriever_server.api.work_model import WorkModel
 from retriever_server.retrievers.base import Retriever
+from retriever_server.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ class QueryBatcher:
         max_queries: int,
         max_wait_s: float,
         metrics: ServiceMetrics,
-        wait_fraction: float = 0.3,
+        wait_fraction: float = Settings.model_fields["batch_wait_fraction"].default,
         max_chars: int = sys.maxsize,
         max_queue_wait_s: float = math.inf,
     ) -> None:
