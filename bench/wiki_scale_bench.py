@@ -29,6 +29,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -93,11 +94,13 @@ def generate_vectors(path: Path, n: int, gen: ClusteredVectors, seed: int) -> No
     out.flush()
 
 
-def recall_at_10(vectors: Path, index_path: Path, gen: ClusteredVectors, args: argparse.Namespace) -> float:
-    """Mean overlap of the index's top-10 with the exact inner-product top-10, for fresh draws of ``gen``."""
+def recall_at_10(
+    vectors: Path, index_path: Path, gen: ClusteredVectors, samples: int, seed: int, nprobe: int, ef_search: int
+) -> float:
+    """Mean overlap of the index's top-10 with the exact inner-product top-10, for ``samples`` fresh draws of
+    ``gen``."""
     data = np.load(vectors, mmap_mode="r")
-    q = gen.draw(args.recall_samples, np.random.default_rng(args.seed + 1))
-    samples = len(q)
+    q = gen.draw(samples, np.random.default_rng(seed + 1))
     best = np.full((samples, 10), -np.inf, dtype=np.float32)
     best_i = np.zeros((samples, 10), dtype=np.int64)
     for start in range(0, len(data), 200_000):  # exact search in chunks: (samples, chunk) scores at a time
@@ -108,7 +111,7 @@ def recall_at_10(vectors: Path, index_path: Path, gen: ClusteredVectors, args: a
         keep = np.argsort(-cand_s, axis=1)[:, :10]
         best, best_i = np.take_along_axis(cand_s, keep, axis=1), np.take_along_axis(cand_i, keep, axis=1)
     index = read_faiss_index(index_path)
-    set_search_params(index, args.ef_search, args.nprobe)
+    set_search_params(index, ef_search, nprobe)
     _, found = index.search(q, 10)
     return float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(found, best_i, strict=True)]))
 
@@ -154,7 +157,23 @@ def serve_and_measure(store: Path, index: Path, args: argparse.Namespace, log: P
     return {"ready_s": ready_s, "memory": memory, "health": health, **res}
 
 
-def run_one(n: int, args: argparse.Namespace) -> dict[str, object]:
+@dataclass
+class Scale:
+    """One synthetic scale on disk: the jsonl corpus, its vectors, our store of it and the index built from them."""
+
+    n: int
+    corpus: Path
+    vectors: Path
+    store: Path
+    index: Path
+    gen: ClusteredVectors
+    convert_s: float
+    build_s: float
+
+
+def prepare_scale(n: int, args: argparse.Namespace, rebuild: bool = True) -> Scale:
+    """Generate (once) ``n`` passages and vectors under ``args.workdir``, convert the corpus to our store (once) and
+    build ``args.factory`` from the vectors (again unless ``rebuild`` is false and the index file is there)."""
     work = args.workdir / f"n{n}-d{args.dim}-c{args.clusters}-s{args.noise}"
     work.mkdir(parents=True, exist_ok=True)
     corpus, vectors = work / "corpus.jsonl", work / "vectors.npy"
@@ -169,25 +188,32 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, object]:
     convert_s = time.perf_counter() - t
     index = work / f"{args.factory.replace(',', '_')}.index"
     t = time.perf_counter()
-    convert(VectorSource(vectors), args.factory, index, train_rows=args.train_rows)
+    if rebuild or not index.exists():
+        convert(VectorSource(vectors), args.factory, index, train_rows=args.train_rows)
     build_s = time.perf_counter() - t
-    recall = recall_at_10(vectors, index, gen, args)
-    store_gb = sum(f.stat().st_size for f in store.iterdir()) / 1e9
+    return Scale(n, corpus, vectors, store, index, gen, convert_s, build_s)
+
+
+def run_one(n: int, args: argparse.Namespace) -> dict[str, object]:
+    scale = prepare_scale(n, args)
+    recall = recall_at_10(scale.vectors, scale.index, scale.gen, args.recall_samples, args.seed, args.nprobe,
+                          args.ef_search)  # fmt: skip
+    store_gb = sum(f.stat().st_size for f in scale.store.iterdir()) / 1e9
     row: dict[str, object] = {
         "n": n,
         "dim": args.dim,
         "factory": args.factory,
         "nprobe": args.nprobe,
-        "convert_s": convert_s,
-        "build_s": build_s,
-        "index_gb": index.stat().st_size / 1e9,
+        "convert_s": scale.convert_s,
+        "build_s": scale.build_s,
+        "index_gb": scale.index.stat().st_size / 1e9,
         "store_gb": store_gb,
         "passage_bytes": store_gb * 1e9 / n,
         "recall10": recall,
     }
     print(json.dumps(row), flush=True)
     if args.workers > 0:
-        served = serve_and_measure(store, index, args, work / "server.log")
+        served = serve_and_measure(scale.store, scale.index, args, scale.store.parent.parent / "server.log")
         row |= served
     print(json.dumps(row, default=str), flush=True)
     return row
