@@ -10,6 +10,11 @@ those of ``bench/gpu_check.py``).
     python bench/static_engine_bench.py --arch tiny --seqs 64 256 --prompt-tokens 64 --new-tokens 32   # CPU
     python bench/static_engine_bench.py --arch qwen2.5-3b --dtype bfloat16 --seqs 64 256                # GPU
 
+Engines: ``hf``; ``static`` (CUDA graphs) and ``static-eager``; their ``-unpacked`` forms decode with transformers'
+own attention instead of ``packed_decode`` (the same thing from transformers 5.23; before it, the KV cache copied per
+query head each step); ``transformers-cb`` (transformers' ``generate_batch``). ``--layers N`` keeps N decoder layers of
+a real shape, to measure its per-layer cost on a small machine.
+
 One line per (engine, seqs): ``static_engine_bench engine=<e> arch=<a> device=<d> seqs=<n> tok_s=<x> first_s=<s>``.
 """
 
@@ -29,6 +34,7 @@ from search_rl.datatypes import SamplingParams
 from search_rl.models import build_tiny_model, load_tokenizer
 from search_rl.rollout.engines.base import RolloutEngine
 from search_rl.rollout.engines.hf import HFEngine
+from search_rl.rollout.engines.packed_decode import TRANSFORMERS_PACKS_GQA
 from search_rl.rollout.engines.static import StaticEngine
 from search_rl.tags import STOP_STRINGS
 
@@ -36,14 +42,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_check import ARCHS  # noqa: E402
 
 
-def build_model(arch: str, tokenizer, dtype: torch.dtype, device: torch.device) -> transformers.PreTrainedModel:  # type: ignore[no-untyped-def]
-    """A random-weight model of ``arch`` (``tiny``: the tests' 2-layer Llama) in ``dtype`` on ``device``."""
+def build_model(  # type: ignore[no-untyped-def]
+    arch: str, tokenizer, dtype: torch.dtype, device: torch.device, layers: int | None = None
+) -> transformers.PreTrainedModel:
+    """A random-weight model of ``arch`` (``tiny``: the tests' 2-layer Llama) in ``dtype`` on ``device``; ``layers``
+    keeps that many of its decoder layers (a real shape's per-layer cost on a small machine)."""
     if arch == "tiny":
         model = build_tiny_model(tokenizer, seed=0)
     else:
         spec = ARCHS[arch]
+        fields = {**spec.fields, **({"num_hidden_layers": layers} if layers else {})}
         config = getattr(transformers, spec.config_class)(
-            **spec.fields,
+            **fields,
             bos_token_id=tokenizer.bos_token_id,
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
@@ -80,11 +90,13 @@ def measure(  # type: ignore[no-untyped-def]
     """(first call's seconds, timed call's seconds, generated tokens) of one engine on ``prompts``."""
     if engine_name == "transformers-cb":
         return time_continuous_batching(model, tokenizer, prompts, params, device)
-    engine: RolloutEngine = (
-        HFEngine(model, tokenizer, cfg)
-        if engine_name == "hf"
-        else StaticEngine(model, tokenizer, cfg, cuda_graphs=engine_name == "static")
-    )
+    if engine_name == "hf":
+        engine: RolloutEngine = HFEngine(model, tokenizer, cfg)
+    else:
+        static = StaticEngine(model, tokenizer, cfg, cuda_graphs=not engine_name.startswith("static-eager"))
+        if engine_name.endswith("-unpacked"):  # transformers' own decode attention, whatever its version does
+            static.packed_decode = False
+        engine = static
     first, _ = time_call(engine, prompts, params, device)
     seconds, tokens = time_call(engine, prompts, params, device)
     return first, seconds, tokens
@@ -130,17 +142,24 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--max-batch-size", type=int, default=64, help="rollout.hf.max_batch_size of both engines")
     ap.add_argument(
-        "--engines", nargs="+", choices=["hf", "static", "static-eager", "transformers-cb"], default=["hf", "static"]
+        "--engines",
+        nargs="+",
+        choices=["hf", "static", "static-eager", "static-unpacked", "static-eager-unpacked", "transformers-cb"],
+        default=["hf", "static"],
     )
+    ap.add_argument("--layers", type=int, default=None, help="keep this many decoder layers of --arch")
     ap.add_argument("--tokenizer", default=None, help="a saved tokenizer folder (default: SmolLM2's)")
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else load_tokenizer()
-    model = build_model(args.arch, tokenizer, dtype, device)
+    model = build_model(args.arch, tokenizer, dtype, device, args.layers)
     cfg = HFEngineConfig(max_batch_size=args.max_batch_size)
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    print(f"{args.arch}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, {dtype}, {name}")
+    print(
+        f"{args.arch}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, {dtype}, {name}, "
+        f"transformers {transformers.__version__}, packed decode attention {not TRANSFORMERS_PACKS_GQA}"
+    )
     params = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, stop=STOP_STRINGS, seed=0)
     gen = torch.Generator().manual_seed(0)
     for seqs in args.seqs:

@@ -20,6 +20,7 @@ from search_rl.rollout.engines.base import check_generate_args
 from search_rl.rollout.engines.decoding import LogitsProcessor, finish_reason, row_states, sample_tokens
 from search_rl.rollout.engines.hf_session import HFSession
 from search_rl.rollout.engines.in_process import InProcessEngine
+from search_rl.rollout.engines.packed_decode import packed_decode
 from search_rl.rollout.engines.prefix_cache import KV
 
 
@@ -204,12 +205,13 @@ class HFEngine(InProcessEngine):
         self, input_ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, cache: DynamicCache
     ) -> torch.Tensor:
         """Run the model over new tokens and return the last position's logits (R, V) in float32."""
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention,
-            position_ids=positions,
-            **{CACHE_KWARG: cache},
-            use_cache=True,
-            logits_to_keep=1,  # the full (R, L, V) prefill logits would be GBs with a 49k vocabulary
-        )
+        with packed_decode(self.model, self.packed_decode and input_ids.shape[1] == 1):
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention,
+                position_ids=positions,
+                **{CACHE_KWARG: cache},
+                use_cache=True,
+                logits_to_keep=1,  # the full (R, L, V) prefill logits would be GBs with a 49k vocabulary
+            )
         return out.logits[:, -1, :].float()

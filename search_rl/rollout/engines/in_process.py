@@ -11,6 +11,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from search_rl.config import HFEngineConfig
 from search_rl.models.weights import load_weights
+from search_rl.rollout.engines.packed_decode import TRANSFORMERS_PACKS_GQA
 from search_rl.rollout.engines.prefix_cache import PrefixStore
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,8 @@ class InProcessEngine:
         self.shared_prompt_tokens = 0
         """Prompt tokens not encoded because an identical prompt in the same call was (a counter for tests/logs)."""
         self._eos = eos_token_ids(model, tokenizer, type(self).__name__)
+        self.packed_decode = not TRANSFORMERS_PACKS_GQA
+        """Decode steps attend per KV head (``packed_decode.packed_decode``); transformers does so itself from 5.23."""
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
