@@ -152,8 +152,8 @@ def main() -> None:
         "--requests-per-client",
         type=int,
         nargs="+",
-        default=[60, 30, 24],
-        help="per concurrency level (one value, or one per level)",
+        default=None,
+        help="per concurrency level (one value, or one per level); default 60 / 30 / 24 at c = 1 / 8 / 32, else 24",
     )
     ap.add_argument("--warmup-rounds", type=int, default=3, help="untimed requests per client before each level")
     ap.add_argument("--inprocess-batch", type=int, default=128)
@@ -163,7 +163,10 @@ def main() -> None:
     ap.add_argument("--raw", type=Path, default=None, help="a raw data snapshot for more questions (maintainers)")
     args = ap.parse_args()
 
-    per_level = args.requests_per_client * (len(args.concurrency) if len(args.requests_per_client) == 1 else 1)
+    each = args.requests_per_client or [{1: 60, 8: 30}.get(c, 24) for c in args.concurrency]
+    per_level = each * len(args.concurrency) if len(each) == 1 else each
+    if len(per_level) != len(args.concurrency):
+        ap.error(f"--requests-per-client: {len(each)} values for {len(args.concurrency)} concurrency levels")
     total = sum(c * r * args.queries_per_request for c, r in zip(args.concurrency, per_level, strict=True))
     questions = enough(load_questions(args.seed, args.questions, args.raw), total + args.inprocess_queries)
     server = None
