@@ -5,8 +5,9 @@ off.
 
 Scales (``--passages``): ``0`` is the shipped corpus with an exact Flat index; ``N`` > 0 is wiki_scale_bench's
 synthetic wiki-18-shaped corpus of N passages with an ``--factory`` index (IVF4096,SQ8) built from its vectors,
-searched at ``--nprobe`` by both servers (Search-R1 leaves FAISS's default of 1 probe; it is set to ours so both do
-the same search). Recall@10 against exact search is the index's (the same file for both), measured on fresh draws.
+searched at ``--nprobe`` (default: our server's default, 16) by both servers (Search-R1 leaves FAISS's default of
+1 probe; it is set to ours so both do the same search). Recall@10 against exact search is the index's (the same file
+for both) at that nprobe, measured on fresh draws.
 
 Search-R1's server is run as it is, with two changes a CPU needs: ``.cuda()`` is a no-op and ``.half()`` is too
 (fp16 matmuls are slower than fp32 on CPU); its ``faiss_gpu`` is off. It needs the ``datasets`` package, which the
@@ -181,7 +182,12 @@ def main() -> None:
     ap.add_argument("--extra-path", type=Path, default=None, help="a folder with the datasets package")
     ap.add_argument("--passages", type=int, nargs="+", default=[0], help="0 = the shipped corpus (Flat); N = synthetic")
     ap.add_argument("--factory", default="IVF4096,SQ8", help="the index at synthetic scales")
-    ap.add_argument("--nprobe", type=int, default=32, help="IVF probes, both servers (synthetic scales)")
+    ap.add_argument(
+        "--nprobe",
+        type=int,
+        default=Settings.model_fields["ivf_nprobe"].default,
+        help="IVF probes, both servers (synthetic scales); default: our server's default",
+    )
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/wiki-scale"), help="synthetic data (reused)")
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--requests-per-client", type=int, default=8)
