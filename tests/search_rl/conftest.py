@@ -43,7 +43,7 @@ class ScriptedLogits:
     """Logits processor forcing each sample, identified by its original prompt, through scripted turn texts.
 
     Turn ``k`` of a sample is the ``k``-th engine call that contains it. Past the end of a turn's script the EOS
-    token is forced. The bias is large but finite, so sampled tokens still come from ``torch.multinomial``.
+    token is forced. The bias is large but finite, so sampled tokens still come from the sampler.
     """
 
     BIAS = 100.0

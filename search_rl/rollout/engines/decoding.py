@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, PreTrainedTokenizerBase
 
 from search_rl.datatypes import FinishReason, SamplingParams
 from search_rl.rollout.engines.prefix_cache import KV
@@ -27,6 +27,40 @@ def row_states(cache: DynamicCache, attention: torch.Tensor, row: int, n: int) -
     keep = attention[row].bool()
     assert int(keep.sum()) == n, "KV columns and fed tokens must match"
     return [(layer.keys[row][:, keep], layer.values[row][:, keep]) for layer in cache.layers]  # type: ignore[union-attr,index]
+
+
+class StopTails:
+    """Decoded tails of the rows whose newest token can complete a stop string; ``""`` for the others.
+
+    A stop string is complete only once the token carrying its last character arrives, and the engines end a sample
+    at its first complete stop string, so a row needs decoding only when its newest token's text contains the last
+    character of some stop string. That set of token ids is found once per tokenizer and stop tuple by decoding the
+    vocabulary; most decode steps then decode no row (on 2 CPU cores, decoding 64 tails took ~2 ms a step). A stop
+    string ending in a non-ASCII character (which byte-level tokens may split) turns the screen off: every row is
+    decoded, as before.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stops: tuple[str, ...]) -> None:
+        self.tokenizer, self.stops = tokenizer, stops
+        self.window = max((len(s) for s in stops), default=0) + 2
+        """Tokens decoded per row: enough to hold the longest stop string."""
+        last = {s[-1] for s in stops if s}
+        self.enders: frozenset[int] | None = None
+        """Token ids whose text holds a stop string's last character (None: every token may end one)."""
+        if all(c.isascii() for c in last):
+            texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+            self.enders = frozenset(i for i, text in enumerate(texts) if any(c in text for c in last))
+
+    def tails(self, rows: list[list[int]]) -> list[str]:
+        """Each row's last ``window`` tokens decoded, or ``""`` where its newest token cannot end a stop string."""
+        out = [""] * len(rows)
+        if not self.stops:
+            return out
+        need = [k for k, r in enumerate(rows) if self.enders is None or (r and r[-1] in self.enders)]
+        if need:
+            for k, text in zip(need, self.tokenizer.batch_decode([rows[k][-self.window :] for k in need]), strict=True):
+                out[k] = text
+        return out
 
 
 def finish_reason(
@@ -54,9 +88,12 @@ def sample_tokens(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row; return (token ids (R,), their log-probs (R,)).
 
-    ``uniforms`` (R,) in [0, 1): one draw per row from that row's own stream, turned into its token by inverse CDF,
-    so a row's sample does not depend on which other rows share the batch (continuous batching); without it,
-    ``torch.multinomial`` draws from ``gen``."""
+    Without ``uniforms``: an exponential race, ``argmax(p / E)`` with ``E ~ Exp(1)`` per vocabulary entry drawn from
+    ``gen`` (token i wins with probability p_i), what ``torch.multinomial`` does, but with ``torch.rand`` and a log:
+    19 ms instead of 76 ms for 64 rows of SmolLM2's 49k vocabulary on 2 CPU cores. Like multinomial, a tiny change in
+    the logits (a prefix-cached vs recomputed forward) almost never changes the winner.
+    With ``uniforms`` (R,) in [0, 1): one draw per row from that row's own stream, turned into its token by inverse
+    CDF, so a row's sample does not depend on which other rows share the batch (continuous batching)."""
     if params.greedy:
         tok = logits.argmax(dim=-1)  # (R,)
         return tok, torch.log_softmax(logits, dim=-1).gather(-1, tok[:, None])[:, 0]
@@ -74,9 +111,12 @@ def sample_tokens(
         filtered = filtered.masked_fill(drop, float("-inf"))
     probs = torch.softmax(filtered, dim=-1)
     if uniforms is None:
-        tok = torch.multinomial(probs, 1, generator=gen)[:, 0]  # (R,)
+        race = torch.rand(probs.shape, generator=gen, device=probs.device).log_().neg_()  # (R, V) ~ Exp(1)
+        tok = (probs / race).argmax(dim=-1)  # (R,); a filtered token (p = 0) never wins
     else:
         cdf = probs.cumsum(dim=-1)  # (R, V)
         target = uniforms.to(cdf)[:, None] * cdf[:, -1:]  # scaled by the total, which rounding leaves near 1
-        tok = torch.searchsorted(cdf, target, right=True)[:, 0].clamp_(max=probs.shape[-1] - 1)
+        tok = torch.searchsorted(cdf, target, right=True)[:, 0].clamp_(max=probs.shape[-1] - 1)  # (R,)
+        # rounding can put the target at the very end, past the last token with probability: take the likeliest
+        tok = torch.where(probs.gather(-1, tok[:, None])[:, 0] > 0, tok, probs.argmax(dim=-1))
     return tok, logp.gather(-1, tok[:, None])[:, 0]

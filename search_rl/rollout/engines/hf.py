@@ -101,7 +101,7 @@ class HFEngine(InProcessEngine):
         logps: list[list[float]] = [[] for _ in range(n)]
         results: list[Generated | None] = [None] * n
         stops = params.stop
-        window = max((len(s) for s in stops), default=0) + 2
+        screen = self.stop_tails(stops)
         while True:
             if self.logits_processor is not None:
                 logits = self.logits_processor([prompts[i] for i in active], [tokens[i] for i in active], logits)
@@ -110,12 +110,10 @@ class HFEngine(InProcessEngine):
             for row, i in enumerate(active):
                 tokens[i].append(tok_list[row])
                 logps[i].append(lp_list[row])
-            tails = self.tokenizer.batch_decode([tokens[i][-window:] for i in active]) if stops else []
+            tails = screen.tails([tokens[i] for i in active])
             keep: list[int] = []
             for row, i in enumerate(active):
-                reason, stop_str = finish_reason(
-                    tokens[i][-1], tails[row] if stops else "", stops, len(tokens[i]), limits[i], self._eos
-                )
+                reason, stop_str = finish_reason(tokens[i][-1], tails[row], stops, len(tokens[i]), limits[i], self._eos)
                 if reason is None:
                     keep.append(row)
                     continue

@@ -58,7 +58,7 @@ class HFSession:
         self._waiting: list[_Seq] = []
         self._batch: _Batch | None = None
         self._kept: dict[int, tuple[tuple[int, ...], KV]] = {}  # key -> (tokens fed, their states)
-        self._window = max((len(s) for s in params.stop), default=0) + 2
+        self._stops = engine.stop_tails(params.stop)
 
     @property
     def pending(self) -> int:
@@ -127,11 +127,10 @@ class HFSession:
         for s, t, lp in zip(b.seqs, next_tok.tolist(), next_lp.tolist(), strict=True):
             s.tokens.append(t)
             s.logps.append(lp)
-        tails = engine.tokenizer.batch_decode([s.tokens[-self._window :] for s in b.seqs]) if params.stop else []
+        tails = self._stops.tails([s.tokens for s in b.seqs])
         keep: list[int] = []
         for row, s in enumerate(b.seqs):
-            tail = tails[row] if params.stop else ""
-            reason, stop_str = finish_reason(s.tokens[-1], tail, params.stop, len(s.tokens), s.limit, engine._eos)
+            reason, stop_str = finish_reason(s.tokens[-1], tails[row], params.stop, len(s.tokens), s.limit, engine._eos)
             if reason is None:
                 keep.append(row)
                 continue

@@ -11,6 +11,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from search_rl.config import HFEngineConfig
 from search_rl.models.weights import load_weights
+from search_rl.rollout.engines.decoding import StopTails
 from search_rl.rollout.engines.packed_decode import TRANSFORMERS_PACKS_GQA
 from search_rl.rollout.engines.prefix_cache import PrefixStore
 
@@ -47,6 +48,13 @@ class InProcessEngine:
         self._eos = eos_token_ids(model, tokenizer, type(self).__name__)
         self.packed_decode = not TRANSFORMERS_PACKS_GQA
         """Decode steps attend per KV head (``packed_decode.packed_decode``); transformers does so itself from 5.23."""
+        self._stop_tails: dict[tuple[str, ...], StopTails] = {}
+
+    def stop_tails(self, stops: tuple[str, ...]) -> StopTails:
+        """The stop-string screen for ``stops`` (built once: it decodes the vocabulary)."""
+        if stops not in self._stop_tails:
+            self._stop_tails[stops] = StopTails(self.tokenizer, stops)
+        return self._stop_tails[stops]
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:

@@ -293,15 +293,13 @@ class StaticEngine(InProcessEngine):
         if self.logits_processor is not None:
             logits = self.logits_processor([call.prompts[i] for i in ids], [call.tokens[i] for i in ids], logits)
         next_tok, next_lp = sample_tokens(logits, params, call.gen)  # (R,), (R,)
-        window = max((len(s) for s in params.stop), default=0) + 2
         for i, t, lp in zip(ids, next_tok.tolist(), next_lp.tolist(), strict=True):
             call.tokens[i].append(t)
             call.logps[i].append(lp)
-        tails = self.tokenizer.batch_decode([call.tokens[i][-window:] for i in ids]) if params.stop else []
+        tails = self.stop_tails(params.stop).tails([call.tokens[i] for i in ids])
         for row, (slot, i) in enumerate(zip(live, ids, strict=True)):
-            tail = tails[row] if params.stop else ""
             reason, stop_str = finish_reason(
-                call.tokens[i][-1], tail, params.stop, len(call.tokens[i]), call.limits[i], self._eos
+                call.tokens[i][-1], tails[row], params.stop, len(call.tokens[i]), call.limits[i], self._eos
             )
             fed = len(call.prompts[i]) + len(call.tokens[i]) - 1  # the newest token is not in the cache yet
             if reason is None:
