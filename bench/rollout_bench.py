@@ -144,8 +144,8 @@ def main() -> None:
     ap.add_argument(
         "--schedule",
         choices=["continuous", "turns"],
-        default="continuous",
-        help="rollout.schedule (default: continuous)",
+        default=RolloutConfig.schedule,
+        help=f"rollout.schedule (default: {RolloutConfig.schedule}, the trainer's)",
     )
     ap.add_argument("--threads", type=int, default=None, help="torch threads (1 makes CPU-time figures exact)")
     ap.add_argument("--dump", type=Path, default=None, help="write the first --dump-k trajectories here (Markdown)")
