@@ -196,6 +196,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", type=Path, default=Path("/tmp/search_r1_compare"))
     args = ap.parse_args()
+    if any(n < 0 for n in args.passages):
+        ap.error(f"--passages: counts must be >= 0 (0 = the shipped corpus), got {args.passages}")
     args.out.mkdir(parents=True, exist_ok=True)
     settings = Settings(show_progress=False)
     encoder = resolve_encoder_path(settings.encoder_model)

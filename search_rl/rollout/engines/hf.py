@@ -15,12 +15,10 @@ from transformers.cache_utils import DynamicLayer
 
 from search_rl.config import HFEngineConfig
 from search_rl.datatypes import Generated, SamplingParams
-from search_rl.models.cache_arg import CACHE_KWARG
 from search_rl.rollout.engines.base import check_generate_args
 from search_rl.rollout.engines.decoding import LogitsProcessor, finish_reason, row_states, sample_tokens
 from search_rl.rollout.engines.hf_session import HFSession
 from search_rl.rollout.engines.in_process import InProcessEngine
-from search_rl.rollout.engines.packed_decode import packed_decode
 from search_rl.rollout.engines.prefix_cache import KV
 
 
@@ -203,13 +201,4 @@ class HFEngine(InProcessEngine):
         self, input_ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, cache: DynamicCache
     ) -> torch.Tensor:
         """Run the model over new tokens and return the last position's logits (R, V) in float32."""
-        with packed_decode(self.model, self.packed_decode and input_ids.shape[1] == 1):
-            out = self.model(
-                input_ids=input_ids,
-                attention_mask=attention,
-                position_ids=positions,
-                **{CACHE_KWARG: cache},
-                use_cache=True,
-                logits_to_keep=1,  # the full (R, L, V) prefill logits would be GBs with a 49k vocabulary
-            )
-        return out.logits[:, -1, :].float()
+        return self._last_logits(input_ids, attention, positions, cache)

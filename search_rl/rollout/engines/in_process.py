@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from search_rl.config import HFEngineConfig
+from search_rl.models.cache_arg import CACHE_KWARG
 from search_rl.models.weights import load_weights
 from search_rl.rollout.engines.decoding import StopTails
-from search_rl.rollout.engines.packed_decode import TRANSFORMERS_PACKS_GQA
+from search_rl.rollout.engines.packed_decode import TRANSFORMERS_PACKS_GQA, packed_decode
 from search_rl.rollout.engines.prefix_cache import PrefixStore
 
 logger = logging.getLogger(__name__)
@@ -55,6 +57,23 @@ class InProcessEngine:
         if stops not in self._stop_tails:
             self._stop_tails[stops] = StopTails(self.tokenizer, stops)
         return self._stop_tails[stops]
+
+    def _last_logits(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
+        """Run the model over new tokens (R, S) with the engine's cache; return the last position's logits (R, V) in
+        float32. Only that position's logits are computed (a prefill's full (R, S, V) would be GBs with a 49k
+        vocabulary); one-token steps go through ``packed_decode`` where it applies."""
+        with packed_decode(self.model, self.packed_decode and input_ids.shape[1] == 1):
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                **{CACHE_KWARG: cache},
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        return out.logits[:, -1, :].float()
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:

@@ -26,11 +26,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from search_rl.config import HFEngineConfig
 from search_rl.datatypes import Generated, SamplingParams
-from search_rl.models.cache_arg import CACHE_KWARG
 from search_rl.rollout.engines.base import check_generate_args
 from search_rl.rollout.engines.decoding import LogitsProcessor, finish_reason, sample_tokens
 from search_rl.rollout.engines.in_process import InProcessEngine
-from search_rl.rollout.engines.packed_decode import packed_decode
 from search_rl.rollout.engines.slot_cache import SlotCache, WritePlan
 
 logger = logging.getLogger(__name__)
@@ -228,16 +226,7 @@ class StaticEngine(InProcessEngine):
         visible = self._columns[: plan.length] <= cols[:, :, None]  # (R, S, L)
         mask = torch.zeros(visible.shape, dtype=self.model.dtype, device=visible.device)
         mask = mask.masked_fill(~visible, torch.finfo(self.model.dtype).min)[:, None]  # (R, 1, S, L) additive
-        with packed_decode(self.model, self.packed_decode and input_ids.shape[1] == 1):
-            out = self.model(
-                input_ids=input_ids,
-                attention_mask=mask,
-                position_ids=cols,
-                **{CACHE_KWARG: cache},
-                use_cache=True,
-                logits_to_keep=1,
-            )
-        return out.logits[:, -1, :].float()
+        return self._last_logits(input_ids, mask, cols, cache)
 
     def _decode_step(self, slots: int, length: int) -> torch.Tensor:
         """One token for every slot from ``self._tok`` at columns ``self._pos``: logits (slots, V)."""
