@@ -2,7 +2,8 @@
 
 A hand-written decode loop rather than ``model.generate`` because the rollout needs, per sample: the exact sampled
 ids, their log-probs, the stop string that ended it, and nothing after that stop. Finished rows are dropped from the
-batch and the KV cache (``DynamicCache.batch_select_indices``), so a sample that stops early costs nothing more.
+batch and the KV cache (``DynamicCache.batch_select_indices``), so a sample that stops early costs nothing more. The
+cache's layers grow in place (``growing_cache``) rather than by ``torch.cat`` every step.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from search_rl.config import HFEngineConfig
 from search_rl.datatypes import Generated, SamplingParams
 from search_rl.rollout.engines.base import check_generate_args
 from search_rl.rollout.engines.decoding import LogitsProcessor, finish_reason, row_states, sample_tokens
+from search_rl.rollout.engines.growing_cache import growing_cache
 from search_rl.rollout.engines.hf_session import HFSession
 from search_rl.rollout.engines.in_process import InProcessEngine
-from search_rl.rollout.engines.prefix_cache import KV
+from search_rl.rollout.engines.prefix_cache import KV, balance_reuse
 
 
 class HFEngine(InProcessEngine):
@@ -158,10 +160,14 @@ class HFEngine(InProcessEngine):
 
         Row layout, columns = cache positions: ``[pad][reused prefix (c_i)][pad][new suffix (s_i)]``, padding
         masked out of attention and positions counted over real tokens only, so every row sees exactly its prompt.
+        Reuse is first balanced (``balance_reuse``): every row that reuses encodes the same number of new tokens, so
+        the middle padding is empty and the batch spans its longest prompt.
         """
         device = self.model.device
         if found is None:
             found = [self.prefix.lookup(p) if self.cfg.prefix_cache else (0, None) for p in prompts]
+        found = balance_reuse([len(p) for p in prompts], found)
+        self.prefix.count(found)
         reused = [c for c, _ in found]
         suffixes = [p[c:] for p, c in zip(prompts, reused, strict=True)]
         n, c_max, s_max = len(prompts), max(reused), max(len(s) for s in suffixes)
@@ -174,7 +180,7 @@ class HFEngine(InProcessEngine):
             positions[i, s_max - len(suffix) :] = torch.arange(c, c + len(suffix), device=device)
             attention[i, c_max - c : c_max] = 1
             attention[i, c_max + s_max - len(suffix) :] = 1
-        cache = DynamicCache(config=self.model.config)
+        cache = growing_cache(self.model.config)
         if c_max > 0:
             self._fill_cache(cache, found, c_max)
         logits = self._forward(input_ids, attention, positions, cache)

@@ -105,10 +105,7 @@ class HFSession:
             if not self.engine.cfg.prefix_cache:
                 found.append((0, None))
             elif kept is not None and len(kept[0]) < len(s.prompt) and tuple(s.prompt[: len(kept[0])]) == kept[0]:
-                n = len(kept[0])
-                self.engine.prefix.stats.hits += 1
-                self.engine.prefix.stats.reused_tokens += n
-                found.append((n, kept[1]))
+                found.append((len(kept[0]), kept[1]))
             else:
                 found.append(self.engine.prefix.lookup(s.prompt))
         logits, attention, last_pos, cache = self.engine._prefill([s.prompt for s in seqs], found)

@@ -46,9 +46,14 @@ class PrefixStore:
                 best_len, best_kv = n, kv
         if best_kv is None:
             return 0, None
-        self.stats.hits += 1
-        self.stats.reused_tokens += best_len
         return best_len, [(k[:, :best_len], v[:, :best_len]) for k, v in best_kv]
+
+    def count(self, found: Sequence[tuple[int, KV | None]]) -> None:
+        """Add the reuse a call actually applied (after ``balance_reuse``) to ``stats``."""
+        for n, kv in found:
+            if kv is not None and n > 0:
+                self.stats.hits += 1
+                self.stats.reused_tokens += n
 
     def add(self, tokens: Sequence[int], kv: KV) -> None:
         """Keep ``kv`` (states of exactly ``tokens``) for the next call."""
@@ -61,3 +66,25 @@ class PrefixStore:
     def clear(self) -> None:
         """Forget everything (weights changed)."""
         self._entries, self._next = [], []
+
+
+def balance_reuse(lengths: Sequence[int], found: Sequence[tuple[int, KV | None]]) -> list[tuple[int, KV | None]]:
+    """Trim each row's reused prefix so that every row encodes as many new tokens as the row with the most.
+
+    A left-padded batch computes ``max(new tokens)`` positions for every row whatever each row reuses, and its
+    attention spans ``max(reused) + max(new)`` columns. Reusing at most ``length - max_new`` tokens per row keeps the
+    computed positions the same and shrinks the span to ``max(length)``: a batch where one prompt has no stored
+    prefix (the first turn beside a repeated prompt) costs what it costs without reuse, not more. ``lengths``:
+    each row's prompt length; ``found``: (tokens reusable, their KV) per row, from ``PrefixStore.lookup``.
+    """
+    new = max(n - c for n, (c, _) in zip(lengths, found, strict=True))
+    out: list[tuple[int, KV | None]] = []
+    for n, (c, kv) in zip(lengths, found, strict=True):
+        keep = min(c, max(0, n - new))
+        if kv is None or keep == 0:
+            out.append((0, None))
+        elif keep == c:
+            out.append((c, kv))
+        else:
+            out.append((keep, [(k[:, :keep], v[:, :keep]) for k, v in kv]))
+    return out

@@ -199,6 +199,7 @@ class StaticEngine(InProcessEngine):
         distinct = sorted(set(index))
         encoded = [admitted[k] for k in distinct]
         found = [self.prefix.lookup(call.prompts[seq]) if self.cfg.prefix_cache else (0, None) for _, seq in encoded]
+        self.prefix.count(found)
         for (slot, _), (_, kv) in zip(encoded, found, strict=True):
             if kv is not None:
                 cache.write_slot(slot, kv)

@@ -13,6 +13,7 @@ from search_rl.datatypes import SamplingParams
 from search_rl.models import build_tiny_model
 from search_rl.rollout.engines.base import RolloutEngine
 from search_rl.rollout.engines.hf import HFEngine
+from search_rl.rollout.engines.prefix_cache import balance_reuse
 
 PROMPTS = ["The capital of France is", "Hi", "A much longer prompt that needs left padding in a batch of three"]
 
@@ -159,14 +160,49 @@ def test_prefix_cache_reuses_the_previous_turn_exactly(tiny_model, tokenizer):
     assert [g.token_ids for g in a] == [g.token_ids for g in b]
     for ga, gb in zip(a, b, strict=True):
         assert torch.allclose(torch.tensor(ga.logprobs), torch.tensor(gb.logprobs), atol=1e-4)
-    # each sample reused its whole previous sequence except the last sampled token (never fed to the model)
+    # each sample reused its whole previous sequence except the last sampled token (never fed to the model), but
+    # the shortened prompt re-encodes 3 of its reused tokens: every row encodes as many as the longest suffix
     assert cached.prefix.stats.hits == 3
-    assert cached.prefix.stats.reused_tokens == sum(len(p) + 6 - 1 for p in prompts)
+    assert cached.prefix.stats.reused_tokens == sum(len(p) + 6 - 1 for p in prompts) - 3
     assert fresh.prefix.stats.hits == 0
     for prompt, g in zip(second, a, strict=True):  # and they agree with a plain forward pass
         logits = _full_forward_logits(tiny_model, prompt + list(g.token_ids))[len(prompt) - 1 : -1]
         chosen = logits.gather(-1, torch.tensor(g.token_ids)[:, None])[:, 0]
         assert torch.all(chosen >= logits.max(-1).values - 1e-4)
+
+
+def test_a_prompt_without_stored_prefix_makes_the_batch_span_its_longest_prompt(tiny_model, tokenizer):
+    """Reuse beside a prompt with none is trimmed: the forward spans max(prompt length) columns (not reused + new
+    ones), the rows still reuse what costs nothing extra, and the tokens equal those of an engine without reuse."""
+    prompts = _ids(tokenizer, PROMPTS)
+    params = SamplingParams(max_new_tokens=5, greedy=True)
+    cached = HFEngine(tiny_model, tokenizer)
+    first = cached.generate(prompts[:1], params)
+    long_turn = prompts[0] + list(first[0].token_ids) + prompts[2]  # could reuse len(prompts[0]) + 4 tokens
+    other = prompts[2] + prompts[2][:7]  # no stored prefix: encodes all its tokens, more than long_turn's new ones
+    batch = [long_turn, other]
+    widths: list[int] = []
+    forward = cached._forward
+    cached._forward = lambda ids, att, pos, cache: widths.append(att.shape[1]) or forward(ids, att, pos, cache)
+    out = cached.generate(batch, params)
+    assert widths[0] == max(len(p) for p in batch)
+    assert 0 < len(long_turn) - len(other) < len(prompts[0]) + 4
+    assert cached.prefix.stats.reused_tokens == len(long_turn) - len(other)
+    fresh = HFEngine(tiny_model, tokenizer, HFEngineConfig(prefix_cache=False)).generate(batch, params)
+    assert [g.token_ids for g in out] == [g.token_ids for g in fresh]
+
+
+def test_balance_reuse_trims_to_the_longest_suffix():
+    kv = [(torch.arange(10.0).reshape(1, 10, 1), -torch.arange(10.0).reshape(1, 10, 1))]
+    found = [(8, kv), (0, None), (3, [(k[:, :3], v[:, :3]) for k, v in kv])]
+    out = balance_reuse([10, 6, 12], found)  # new tokens 2, 6, 9 -> every row encodes 9 (the 6-token one: 6)
+    assert [c for c, _ in out] == [1, 0, 3]
+    assert out[1][1] is None and out[0][1][0][0].shape == (1, 1, 1)
+    assert [c for c, _ in balance_reuse([10, 20], [(8, kv), (0, None)])] == [0, 0]
+    out = balance_reuse([10, 12], [(8, kv), (9, kv)])  # new tokens 2, 3 -> row 0 keeps 7
+    assert [c for c, _ in out] == [7, 9]
+    assert torch.equal(out[0][1][0][0][0, :, 0], torch.arange(7.0))
+    assert out[1][1] is kv
 
 
 def test_prefix_cache_is_dropped_when_weights_change(tokenizer):
