@@ -201,8 +201,9 @@ def main() -> None:
     )
     state = "off" if args.no_prefix_cache else "on"
     print(
-        f"prefix cache: {state}, {stats.hits} hits, {stats.reused_tokens} tokens reused, "
-        f"{engine.shared_prompt_tokens} tokens of repeated prompts encoded once"
+        f"prefix cache: {state}, {stats.hits} hits, {stats.reused_tokens} tokens reused ({stats.common_tokens} of "
+        f"them a call's common prompt prefix, encoded once), {engine.shared_prompt_tokens} tokens of repeated "
+        "prompts encoded once"
     )
     if args.dump is not None:
         dump(args.dump, tokenizer, rows, result, args.dump_k)

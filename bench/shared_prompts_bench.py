@@ -21,6 +21,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import fields
 
 import torch
 
@@ -63,7 +64,22 @@ def build_batch(tokenizer, prompts: int, samples: int, response: int, model_toke
     )
 
 
+def to_device(batch: TrainBatch, device: torch.device | str) -> TrainBatch:
+    """The batch with every tensor field on ``device``."""
+    moved = {f.name: getattr(batch, f.name) for f in fields(batch)}
+    return batch.replace(**{k: v.to(device) for k, v in moved.items() if isinstance(v, torch.Tensor)})
+
+
+def _synchronize(batch: TrainBatch) -> None:
+    """Wait for the batch's device (a GPU runs asynchronously; timings must include its work)."""
+    if batch.input_ids.is_cuda:
+        torch.cuda.synchronize(batch.input_ids.device)
+
+
 def update(model, optimizer, batch: TrainBatch, mini: int, share: bool) -> float:
+    """Seconds of one update over ``batch`` (on the batch's device): mini-batches of ``mini`` samples, micro-batches
+    of 1, an AdamW step per mini-batch."""
+    _synchronize(batch)
     start = time.perf_counter()
     model.train()
     for part in batch.split_by_size(mini):
@@ -76,16 +92,20 @@ def update(model, optimizer, batch: TrainBatch, mini: int, share: bool) -> float
         if shared is not None:
             shared.backward()
         optimizer.step()
+    _synchronize(batch)
     return time.perf_counter() - start
 
 
 def logprobs(model, batch: TrainBatch, share: bool) -> float:
+    """Seconds of one no-grad log-prob pass over ``batch`` (micro-batches of 2)."""
+    _synchronize(batch)
     start = time.perf_counter()
     model.eval()
     with torch.no_grad():
         shared = SharedPrompts(model, batch, grad=False) if share else None
         for micro in batch.split_by_size(2):
             response_logprobs(model, micro, 1.0, only=micro.loss_mask, shared=shared)
+    _synchronize(batch)
     return time.perf_counter() - start
 
 

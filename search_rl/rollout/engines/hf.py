@@ -21,7 +21,11 @@ from search_rl.rollout.engines.decoding import LogitsProcessor, finish_reason, r
 from search_rl.rollout.engines.growing_cache import growing_cache
 from search_rl.rollout.engines.hf_session import HFSession
 from search_rl.rollout.engines.in_process import InProcessEngine
-from search_rl.rollout.engines.prefix_cache import KV, balance_reuse
+from search_rl.rollout.engines.prefix_cache import KV, balance_reuse, common_prefix_length
+
+MIN_COMMON_PREFIX_SAVING = 64
+"""Token positions a call's common prompt prefix must save (rows beyond the first times its length) to be encoded
+on its own: below that, its extra forward costs about what it saves."""
 
 
 class HFEngine(InProcessEngine):
@@ -166,6 +170,8 @@ class HFEngine(InProcessEngine):
         device = self.model.device
         if found is None:
             found = [self.prefix.lookup(p) if self.cfg.prefix_cache else (0, None) for p in prompts]
+        if self.cfg.prefix_cache:
+            found = self._share_common_prefix(prompts, found)
         found = balance_reuse([len(p) for p in prompts], found)
         self.prefix.count(found)
         reused = [c for c, _ in found]
@@ -185,6 +191,20 @@ class HFEngine(InProcessEngine):
             self._fill_cache(cache, found, c_max)
         logits = self._forward(input_ids, attention, positions, cache)
         return logits, attention, positions[:, -1], cache
+
+    def _share_common_prefix(
+        self, prompts: list[list[int]], found: list[tuple[int, KV | None]]
+    ) -> list[tuple[int, KV | None]]:
+        """Encode the prefix every prompt of the call starts with (the instruction template of a rollout batch) once,
+        as a one-row forward, and give it to each row that has no longer stored prefix; ``found`` otherwise."""
+        n = min(common_prefix_length(prompts), min(len(p) for p in prompts) - 1)
+        gaining = sum(1 for c, _ in found if c < n)
+        if gaining < 2 or (gaining - 1) * n < MIN_COMMON_PREFIX_SAVING:
+            return found
+        _, attention, _, cache = self._encode([prompts[0][:n]], [(0, None)])
+        kv = row_states(cache, attention, 0, n)
+        self.prefix.stats.common_tokens += gaining * n
+        return [(n, kv) if c < n else (c, stored) for c, stored in found]
 
     @staticmethod
     def _fill_cache(cache: DynamicCache, found: list[tuple[int, KV | None]], c_max: int) -> None:

@@ -27,6 +27,8 @@ class PrefixStats:
 
     hits: int = 0
     reused_tokens: int = 0
+    common_tokens: int = 0
+    """Of ``reused_tokens``: those a row took from its call's common prompt prefix (encoded once per call)."""
 
 
 class PrefixStore:
@@ -66,6 +68,17 @@ class PrefixStore:
     def clear(self) -> None:
         """Forget everything (weights changed)."""
         self._entries, self._next = [], []
+
+
+def common_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
+    """Length of the longest token prefix that every prompt starts with."""
+    first, n = prompts[0], min(len(p) for p in prompts)
+    for other in prompts[1:]:
+        k = 0
+        while k < n and other[k] == first[k]:
+            k += 1
+        n = k
+    return n
 
 
 def balance_reuse(lengths: Sequence[int], found: Sequence[tuple[int, KV | None]]) -> list[tuple[int, KV | None]]:

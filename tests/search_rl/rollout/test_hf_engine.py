@@ -13,7 +13,7 @@ from search_rl.datatypes import SamplingParams
 from search_rl.models import build_tiny_model
 from search_rl.rollout.engines.base import RolloutEngine
 from search_rl.rollout.engines.hf import HFEngine
-from search_rl.rollout.engines.prefix_cache import balance_reuse
+from search_rl.rollout.engines.prefix_cache import balance_reuse, common_prefix_length
 
 PROMPTS = ["The capital of France is", "Hi", "A much longer prompt that needs left padding in a batch of three"]
 
@@ -190,6 +190,37 @@ def test_a_prompt_without_stored_prefix_makes_the_batch_span_its_longest_prompt(
     assert cached.prefix.stats.reused_tokens == len(long_turn) - len(other)
     fresh = HFEngine(tiny_model, tokenizer, HFEngineConfig(prefix_cache=False)).generate(batch, params)
     assert [g.token_ids for g in out] == [g.token_ids for g in fresh]
+
+
+def test_a_common_prompt_prefix_is_encoded_once(tiny_model, tokenizer):
+    """Prompts that start with the same instruction template share its states: it is encoded once for the call,
+    and each row's tokens and log-probs are those of its own unpadded forward pass."""
+    template = _ids(tokenizer, ["Answer the question. Think first, search when you need to, and answer briefly. " * 3])
+    questions = _ids(tokenizer, PROMPTS)
+    prompts = [template[0] + q for q in questions]
+    params = SamplingParams(max_new_tokens=6, greedy=True)
+    engine = HFEngine(tiny_model, tokenizer)
+    forwards: list[tuple[int, int]] = []
+    forward = engine._forward
+    engine._forward = lambda ids, att, pos, cache: forwards.append(tuple(ids.shape)) or forward(ids, att, pos, cache)
+    out = engine.generate(prompts, params)
+    n = common_prefix_length(prompts)
+    assert n >= len(template[0]) - 1
+    assert forwards[0] == (1, n)  # the template alone, once
+    assert forwards[1] == (3, max(len(p) for p in prompts) - n)  # then only what follows it
+    assert engine.prefix.stats.common_tokens == 3 * n
+    fresh = HFEngine(tiny_model, tokenizer, HFEngineConfig(prefix_cache=False)).generate(prompts, params)
+    assert [g.token_ids for g in out] == [g.token_ids for g in fresh]
+    for prompt, g in zip(prompts, out, strict=True):
+        logits = _full_forward_logits(tiny_model, prompt + list(g.token_ids))[len(prompt) - 1 : -1]
+        ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(g.token_ids)[:, None])[:, 0]
+        assert torch.allclose(torch.tensor(g.logprobs), ref, atol=1e-4)
+
+
+def test_common_prefix_length():
+    assert common_prefix_length([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
+    assert common_prefix_length([[5, 2], [1, 2]]) == 0
+    assert common_prefix_length([[1, 2, 3]]) == 3
 
 
 def test_balance_reuse_trims_to_the_longest_suffix():
