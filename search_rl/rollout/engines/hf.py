@@ -170,10 +170,12 @@ class HFEngine(InProcessEngine):
         device = self.model.device
         if found is None:
             found = [self.prefix.lookup(p) if self.cfg.prefix_cache else (0, None) for p in prompts]
+        common = [False] * len(prompts)
         if self.cfg.prefix_cache:
-            found = self._share_common_prefix(prompts, found)
+            found, common = self._share_common_prefix(prompts, found)
         found = balance_reuse([len(p) for p in prompts], found)
         self.prefix.count(found)
+        self.prefix.stats.common_tokens += sum(c for (c, _), shared in zip(found, common, strict=True) if shared)
         reused = [c for c, _ in found]
         suffixes = [p[c:] for p, c in zip(prompts, reused, strict=True)]
         n, c_max, s_max = len(prompts), max(reused), max(len(s) for s in suffixes)
@@ -194,17 +196,17 @@ class HFEngine(InProcessEngine):
 
     def _share_common_prefix(
         self, prompts: list[list[int]], found: list[tuple[int, KV | None]]
-    ) -> list[tuple[int, KV | None]]:
+    ) -> tuple[list[tuple[int, KV | None]], list[bool]]:
         """Encode the prefix every prompt of the call starts with (the instruction template of a rollout batch) once,
-        as a one-row forward, and give it to each row that has no longer stored prefix; ``found`` otherwise."""
+        as a one-row forward, and give it to each row that has no longer stored prefix. Returns the new ``found``
+        and, per row, whether it took the common prefix."""
         n = min(common_prefix_length(prompts), min(len(p) for p in prompts) - 1)
-        gaining = sum(1 for c, _ in found if c < n)
-        if gaining < 2 or (gaining - 1) * n < MIN_COMMON_PREFIX_SAVING:
-            return found
+        common = [c < n for c, _ in found]
+        if sum(common) < 2 or (sum(common) - 1) * n < MIN_COMMON_PREFIX_SAVING:
+            return found, [False] * len(found)
         _, attention, _, cache = self._encode([prompts[0][:n]], [(0, None)])
         kv = row_states(cache, attention, 0, n)
-        self.prefix.stats.common_tokens += gaining * n
-        return [(n, kv) if c < n else (c, stored) for c, stored in found]
+        return [(n, kv) if shared else entry for entry, shared in zip(found, common, strict=True)], common
 
     @staticmethod
     def _fill_cache(cache: DynamicCache, found: list[tuple[int, KV | None]], c_max: int) -> None:
