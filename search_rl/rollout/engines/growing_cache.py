@@ -1,8 +1,9 @@
 """A KV cache that grows in place: decode steps write into spare columns instead of copying the cache.
 
 transformers' ``DynamicLayer`` appends each step's keys and values with ``torch.cat``, which copies the whole layer
-cache on every decode step: for SmolLM2-135M at 32 rows and ~300 columns that is ~440 MB of copies per step, a fifth
-of the HF engine's CPU decode time (bench/README.md, "Rollout throughput"). ``GrowingLayer`` keeps each layer's
+cache on every decode step: for SmolLM2-135M at 32 rows and ~300 columns that is ~440 MB of copies per step (from
+the shapes); removing them cut the rollout bench's decode time by a fifth
+(docs/experiments/2026-11-27-rollout-cache-growth.md). ``GrowingLayer`` keeps each layer's
 states in a buffer with ``SPARE_COLUMNS`` free columns after the last one, writes new states there and hands the
 model views of the filled part; the buffer is reallocated (one copy) only when it is full, once per
 ``SPARE_COLUMNS`` decode steps.
