@@ -33,10 +33,27 @@ class GrowingLayer(DynamicLayer):
         self._key_buf: torch.Tensor | None = None
         self._value_buf: torch.Tensor | None = None
         self._views: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._rows = 0  # live rows: the buffers may hold more (rows that left, kept for joiners)
+        self._start = 0  # first live column: columns before it were cut (``drop_leading_columns``)
 
     def _backed(self) -> bool:
         """Whether ``keys`` / ``values`` are still the views this layer made of its buffers."""
         return self._views is not None and self.keys is self._views[0] and self.values is self._views[1]
+
+    def _buffers(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The buffers if ``keys`` / ``values`` are still their views, else None."""
+        if not self._backed() or self._key_buf is None or self._value_buf is None:
+            return None
+        return self._key_buf, self._value_buf
+
+    def _show(self, rows: int, filled: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Point ``keys`` / ``values`` at the first ``rows`` rows and ``filled`` live columns of the buffers."""
+        assert self._key_buf is not None and self._value_buf is not None
+        cols = slice(self._start, self._start + filled)
+        views = self._key_buf[:rows, :, cols], self._value_buf[:rows, :, cols]
+        self.keys, self.values = views
+        self._views, self._rows = views, rows
+        return views
 
     def _rebuffer(self, filled: int, needed: int, like_k: torch.Tensor, like_v: torch.Tensor) -> None:
         """New buffers of ``needed + SPARE_COLUMNS`` columns holding the current ``filled`` columns."""
@@ -45,9 +62,9 @@ class GrowingLayer(DynamicLayer):
         v_buf = like_v.new_empty((*like_v.shape[:-2], cap, like_v.shape[-1]))
         if filled:
             assert self.keys is not None and self.values is not None
-            k_buf[..., :filled, :] = self.keys
-            v_buf[..., :filled, :] = self.values
-        self._key_buf, self._value_buf = k_buf, v_buf
+            k_buf[:, :, :filled] = self.keys
+            v_buf[:, :, :filled] = self.values
+        self._key_buf, self._value_buf, self._start = k_buf, v_buf, 0
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
@@ -55,35 +72,88 @@ class GrowingLayer(DynamicLayer):
         """Append (R, kv_heads, S, head_dim) states; return all keys and values so far (views of the buffers)."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        filled = self.get_seq_length()
+        filled, rows = self.get_seq_length(), key_states.shape[0]
         needed = filled + key_states.shape[-2]
-        assert self._key_buf is None or self._value_buf is not None
-        if (
-            not self._backed()
-            or self._key_buf is None
-            or self._value_buf is None
-            or needed > self._key_buf.shape[-2]
-            or self._key_buf.shape[0] != key_states.shape[0]
-        ):
+        bufs = self._buffers()
+        if bufs is None or rows != self._rows or self._start + needed > bufs[0].shape[-2]:
             self._rebuffer(filled, needed, key_states, value_states)
         assert self._key_buf is not None and self._value_buf is not None
-        self._key_buf[..., filled:needed, :] = key_states
-        self._value_buf[..., filled:needed, :] = value_states
-        self.keys, self.values = self._key_buf[..., :needed, :], self._value_buf[..., :needed, :]
-        self._views = (self.keys, self.values)
-        return self.keys, self.values
+        self._key_buf[:rows, :, self._start + filled : self._start + needed] = key_states
+        self._value_buf[:rows, :, self._start + filled : self._start + needed] = value_states
+        return self._show(rows, needed)
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        """Keep the rows ``indices`` (buffers and their spare columns included)."""
+        """Keep the rows ``indices``, in that order. When every row that changes place comes from beyond the kept
+        count (as ``fill_holes`` orders them), only those rows are copied, within the buffers; otherwise the
+        buffers are gathered anew."""
         if self.get_seq_length() == 0:
             return
-        if not self._backed() or self._key_buf is None or self._value_buf is None:
+        bufs = self._buffers()
+        if bufs is None:
             super().batch_select_indices(indices)
             return
+        filled, order = self.get_seq_length(), indices.tolist()
+        moves = [(dst, src) for dst, src in enumerate(order) if src != dst]
+        if all(src >= len(order) for _, src in moves):
+            if moves:
+                dst = torch.tensor([d for d, _ in moves], device=indices.device)
+                src = torch.tensor([s for _, s in moves], device=indices.device)
+                cols = slice(self._start, self._start + filled)
+                for buf in bufs:
+                    buf[dst, :, cols] = buf[src, :, cols]
+        else:
+            self._key_buf, self._value_buf = bufs[0][indices], bufs[1][indices]
+        self._show(len(order), filled)
+
+    def drop_leading_columns(self, n: int) -> None:
+        """Forget the first ``n`` columns of every row (no copy when backed by buffers)."""
+        if n == 0:
+            return
+        if self._buffers() is None:
+            assert self.keys is not None and self.values is not None
+            self.keys, self.values = self.keys[:, :, n:], self.values[:, :, n:]
+            return
         filled = self.get_seq_length()
-        self._key_buf, self._value_buf = self._key_buf[indices], self._value_buf[indices]
-        self.keys, self.values = self._key_buf[..., :filled, :], self._value_buf[..., :filled, :]
-        self._views = (self.keys, self.values)
+        self._start += n
+        self._show(self._rows, filled - n)
+
+    def append_rows(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Add rows after the live ones. Both sides are left-padded with zeros to the wider of the two widths; the
+        new rows are written into the buffers' free rows and columns where they fit, else both are copied into new
+        buffers."""
+        filled, width = self.get_seq_length(), keys.shape[-2]
+        rows, new = self._rows if self._buffers() is not None else 0, keys.shape[0]
+        bufs = self._buffers()
+        if bufs is not None and rows + new <= bufs[0].shape[0] and width <= filled + self._start:
+            shift = max(width - filled, 0)  # columns this layer's rows gain on the left
+            if shift:
+                for buf in bufs:
+                    buf[:rows, :, self._start - shift : self._start] = 0
+                self._start -= shift
+            full = filled + shift
+            for buf, states in zip(bufs, (keys, values), strict=True):
+                buf[rows : rows + new, :, self._start : self._start + full - width] = 0
+                buf[rows : rows + new, :, self._start + full - width : self._start + full] = states
+            self._show(rows + new, full)
+            return
+        assert self.keys is not None and self.values is not None
+        old_rows = self.keys.shape[0]
+        full = max(filled, width)
+        shape = (old_rows + new, keys.shape[1], full + SPARE_COLUMNS, keys.shape[-1])
+        k_buf, v_buf = keys.new_zeros(shape), values.new_zeros(shape)
+        for buf, mine, states in ((k_buf, self.keys, keys), (v_buf, self.values, values)):
+            buf[:old_rows, :, full - filled : full] = mine
+            buf[old_rows:, :, full - width : full] = states
+        self._key_buf, self._value_buf, self._start = k_buf, v_buf, 0
+        self._show(old_rows + new, full)
+
+
+def fill_holes(keep: list[int], rows: int) -> list[int]:
+    """The rows ``keep`` (ascending, out of ``rows``) in the order that moves the fewest: a kept row below
+    ``len(keep)`` stays where it is, and each place a leaving row frees there takes a kept row from beyond it."""
+    kept, movers = set(keep), iter(r for r in keep if r >= len(keep))
+    assert len(kept) == len(keep) and all(0 <= r < rows for r in keep)
+    return [r if r in kept else next(movers) for r in range(len(keep))]
 
 
 def growing_cache(config: PretrainedConfig) -> DynamicCache:

@@ -1,10 +1,11 @@
 """Continuous batching for the HF engine: sequences join the running batch while it decodes and leave as each
 finishes, so a multi-turn rollout never waits for the slowest sequence of a turn.
 
-The running batch is one left-padded ``DynamicCache`` (as in ``HFEngine.generate``). Joining sequences are encoded
-on their own (reusing what the session computed for their previous turn, or the engine's prefix store), then both
-caches are left-padded to the same width and concatenated along the batch. Columns no running row attends to any
-more are cut from the left. Every sequence samples from its own seeded stream (one uniform draw per token), so its
+The running batch is one left-padded cache of ``GrowingLayer`` s (as in ``HFEngine.generate``). Joining sequences
+are encoded on their own (reusing what the session computed for their previous turn, or the engine's prefix store),
+then written into the running cache's free rows, both sides left-padded to the same width. A row that finishes is
+replaced by the last rows (only those are copied), and columns no running row attends to any more are cut from the
+left without a copy. Every sequence samples from its own seeded stream (one uniform draw per token), so its
 tokens do not depend on which sequences shared its steps.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 from transformers import DynamicCache
@@ -20,6 +21,7 @@ from transformers import DynamicCache
 from search_rl.datatypes import Generated, SamplingParams
 from search_rl.rollout.engines.base import check_generate_args
 from search_rl.rollout.engines.decoding import finish_reason, row_states, sample_tokens
+from search_rl.rollout.engines.growing_cache import GrowingLayer, fill_holes
 from search_rl.rollout.engines.prefix_cache import KV
 
 if TYPE_CHECKING:
@@ -139,9 +141,10 @@ class HFSession:
         if not keep:
             return None
         if len(keep) < len(b.seqs):
-            sel = torch.tensor(keep, device=b.attention.device)
+            order = fill_holes(keep, len(b.seqs))  # rows' order is free here: each samples from its own stream
+            sel = torch.tensor(order, device=b.attention.device)
             b.cache.batch_select_indices(sel)
-            b.seqs = [b.seqs[r] for r in keep]
+            b.seqs = [b.seqs[r] for r in order]
             b.attention, b.last_pos, next_tok = b.attention[sel], b.last_pos[sel], next_tok[sel]
             _trim(b)
         b.next_tok = next_tok
@@ -156,39 +159,34 @@ def _trim(b: _Batch) -> None:
         return
     b.attention = b.attention[:, start:]
     for layer in _layers(b.cache):
-        layer.keys, layer.values = layer.keys[:, :, start:], layer.values[:, :, start:]
+        layer.drop_leading_columns(start)
 
 
 def _merge(a: _Batch, b: _Batch) -> _Batch:
-    """One batch of ``a``'s rows then ``b``'s, both left-padded to the wider cache."""
+    """One batch of ``a``'s rows then ``b``'s, both left-padded to the wider cache (written into ``a``'s buffers
+    where they have room)."""
     width = max(a.attention.shape[1], b.attention.shape[1])
 
-    def pad(t: torch.Tensor, dim: int) -> torch.Tensor:
-        missing = width - t.shape[dim]
-        if missing == 0:
-            return t
-        shape = list(t.shape)
-        shape[dim] = missing
-        return torch.cat([t.new_zeros(shape), t], dim=dim)
+    def pad(t: torch.Tensor) -> torch.Tensor:
+        missing = width - t.shape[1]
+        return t if missing == 0 else torch.cat([t.new_zeros((t.shape[0], missing)), t], dim=1)
 
     for la, lb in zip(_layers(a.cache), _layers(b.cache), strict=True):
-        la.keys = torch.cat([pad(la.keys, 2), pad(lb.keys, 2)], dim=0)
-        la.values = torch.cat([pad(la.values, 2), pad(lb.values, 2)], dim=0)
+        assert lb.keys is not None and lb.values is not None
+        la.append_rows(lb.keys, lb.values)
     return _Batch(
         a.seqs + b.seqs,
         a.cache,
-        torch.cat([pad(a.attention, 1), pad(b.attention, 1)], dim=0),
+        torch.cat([pad(a.attention), pad(b.attention)], dim=0),
         torch.cat([a.last_pos, b.last_pos]),
         torch.cat([a.next_tok, b.next_tok]),
     )
 
 
-def _layers(cache: DynamicCache) -> list[_KVLayer]:
-    """The cache's layers, each holding (R, kv_heads, W, head_dim) keys and values (``HFEngine.supports_sessions``
-    checked that they are ``DynamicLayer`` s)."""
-    return cast(list[_KVLayer], cache.layers)
-
-
-class _KVLayer(Protocol):
-    keys: torch.Tensor
-    values: torch.Tensor
+def _layers(cache: DynamicCache) -> list[GrowingLayer]:
+    """The cache's layers, each holding (R, kv_heads, W, head_dim) keys and values: ``GrowingLayer`` s, as
+    ``HFEngine._encode`` builds every session cache with ``growing_cache`` (``supports_sessions`` checked that the
+    model's layers are plain ``DynamicLayer`` s)."""
+    layers = cache.layers
+    assert all(isinstance(layer, GrowingLayer) for layer in layers), "session caches come from growing_cache"
+    return cast(list[GrowingLayer], layers)
