@@ -13,8 +13,10 @@ machine) and the BM25 retriever server. Then:
    (in the engine's dtype), and the two models' logits agree.
 
 Any failed check exits non-zero naming it. Then a table per step, a phase table (generate, old/reference log-prob
-passes, update, weight sync: mean seconds and share of the step) and the generation rate; the last line reads
-``gpu_check ok device=... use_ray=... step_s=... gen_tok_s=... update_tok_s=... mfu=... peak_gb=... changed=...``.
+passes, update, weight sync: mean seconds and share of the step), the generation rate and, where the actor
+recomputes the old log-probs (an engine in bf16), the engine's mean |difference| from them; the last line reads
+``gpu_check ok device=... use_ray=... step_s=... gen_tok_s=... update_tok_s=... mfu=... peak_gb=... changed=...
+logprob_diff=...``.
 
 ``--arch``: ``smollm2-135m`` (default), ``qwen2.5-0.5b``, ``qwen2.5-3b`` (full fine-tuning), ``qwen2.5-7b`` (LoRA
 rank 32 by default; no resume check: a second 30 GB checkpoint would not fit the disk). ``--levers`` then runs one
@@ -335,6 +337,13 @@ def phase_table(history: list[dict[str, float]]) -> None:
     print(f"step | {step_s:.2f} | 100.0%")
     gen = statistics.mean(m["rollout/gen_tokens_per_s"] for m in steps)
     print(f"generation: {gen:.0f} tok/s")
+    diffs = [m["rollout/logprob_abs_diff"] for m in steps if "rollout/logprob_abs_diff" in m]
+    if diffs:  # the actor recomputed the old log-probs (an engine that computes unlike the trainer)
+        tis = [m["actor/tis_weight_mean"] for m in steps if "actor/tis_weight_mean" in m]
+        print(
+            f"engine vs trainer log-probs: mean |diff| {statistics.mean(diffs):.3g}"
+            + (f", TIS weight mean {statistics.mean(tis):.4f}" if tis else ", TIS off")
+        )
 
 
 def step_table(history: list[dict[str, float]], n_params: int, peak: float | None, lora: bool) -> list[float]:
@@ -446,6 +455,7 @@ def main() -> None:
         f" gen_tok_s={last['rollout/gen_tokens_per_s']:.0f}"
         f" update_tok_s={last['perf/actor_update_tokens'] / last['timing/update_actor_s']:.0f} mfu={mfus[-1]:.3f}"
         f" peak_gb={last.get('perf/max_memory_allocated_gb', float('nan')):.2f} changed={changed:.4f}"
+        f" logprob_diff={last.get('rollout/logprob_abs_diff', float('nan')):.3g}"
         f" total_s={time.perf_counter() - t_start:.0f}"
     )
 
