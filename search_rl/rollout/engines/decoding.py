@@ -85,6 +85,7 @@ def sample_tokens(
     params: SamplingParams,
     gen: torch.Generator | None,
     uniforms: torch.Tensor | None = None,
+    noise_rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row; return (token ids (R,), their log-probs (R,)).
 
@@ -93,7 +94,9 @@ def sample_tokens(
     19 ms instead of 76 ms for 64 rows of SmolLM2's 49k vocabulary on 2 CPU cores. Like multinomial, a tiny change in
     the logits (a prefix-cached vs recomputed forward) almost never changes the winner.
     With ``uniforms`` (R,) in [0, 1): one draw per row from that row's own stream, turned into its token by inverse
-    CDF, so a row's sample does not depend on which other rows share the batch (continuous batching)."""
+    CDF, so a row's sample does not depend on which other rows share the batch (continuous batching).
+    ``noise_rows`` (R,): row j takes the race drawn for row ``noise_rows[j]`` (the draws keep their order), so rows
+    may be reordered without changing which sample gets which draw."""
     if params.greedy:
         tok = logits.argmax(dim=-1)  # (R,)
         return tok, torch.log_softmax(logits, dim=-1).gather(-1, tok[:, None])[:, 0]
@@ -112,6 +115,8 @@ def sample_tokens(
     probs = torch.softmax(filtered, dim=-1)
     if uniforms is None:
         race = torch.rand(probs.shape, generator=gen, device=probs.device).log_().neg_()  # (R, V) ~ Exp(1)
+        if noise_rows is not None:
+            race = race[noise_rows]
         tok = (probs / race).argmax(dim=-1)  # (R,); a filtered token (p = 0) never wins
     else:
         cdf = probs.cumsum(dim=-1)  # (R, V)

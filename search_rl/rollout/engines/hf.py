@@ -3,7 +3,8 @@
 A hand-written decode loop rather than ``model.generate`` because the rollout needs, per sample: the exact sampled
 ids, their log-probs, the stop string that ended it, and nothing after that stop. Finished rows are dropped from the
 batch and the KV cache (``DynamicCache.batch_select_indices``), so a sample that stops early costs nothing more. The
-cache's layers grow in place (``growing_cache``) rather than by ``torch.cat`` every step.
+cache's layers grow in place (``growing_cache``) rather than by ``torch.cat`` every step, and a finished row's place
+is taken by a row from the end of the batch (only that row's states are copied).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from search_rl.config import HFEngineConfig
 from search_rl.datatypes import Generated, SamplingParams
 from search_rl.rollout.engines.base import check_generate_args
 from search_rl.rollout.engines.decoding import LogitsProcessor, finish_reason, row_states, sample_tokens
-from search_rl.rollout.engines.growing_cache import growing_cache
+from search_rl.rollout.engines.growing_cache import fill_holes, growing_cache
 from search_rl.rollout.engines.hf_session import HFSession
 from search_rl.rollout.engines.in_process import InProcessEngine
 from search_rl.rollout.engines.prefix_cache import KV, balance_reuse, common_prefix_length
@@ -109,7 +110,11 @@ class HFEngine(InProcessEngine):
         while True:
             if self.logits_processor is not None:
                 logits = self.logits_processor([prompts[i] for i in active], [tokens[i] for i in active], logits)
-            next_tok, next_lp = sample_tokens(logits, params, gen)  # (R,), (R,)
+            # draws go to the samples in index order, whatever order their rows are in (``fill_holes`` below)
+            ranks = {i: k for k, i in enumerate(sorted(active))}
+            in_order = all(ranks[i] == row for row, i in enumerate(active))
+            noise_rows = None if in_order else torch.tensor([ranks[i] for i in active], device=device)
+            next_tok, next_lp = sample_tokens(logits, params, gen, noise_rows=noise_rows)  # (R,), (R,)
             tok_list, lp_list = next_tok.tolist(), next_lp.tolist()
             for row, i in enumerate(active):
                 tokens[i].append(tok_list[row])
@@ -128,10 +133,11 @@ class HFEngine(InProcessEngine):
             if not keep:
                 break
             if len(keep) < len(active):
-                sel = torch.tensor(keep, device=device)
+                order = fill_holes(keep, len(active))  # only rows from the end move into the leavers' places
+                sel = torch.tensor(order, device=device)
                 cache.batch_select_indices(sel)
                 attention, last_pos, next_tok = attention[sel], last_pos[sel], next_tok[sel]
-                active = [active[r] for r in keep]
+                active = [active[r] for r in order]
             attention = torch.cat([attention, attention.new_ones((len(active), 1))], dim=1)  # (R, L+1)
             last_pos = last_pos + 1
             logits = self._forward(next_tok[:, None], attention, last_pos[:, None], cache)

@@ -262,3 +262,20 @@ def test_repeated_prompts_are_encoded_once_and_sampled_independently(tiny_model,
     distinct = HFEngine(tiny_model, tokenizer).generate([a, b], SamplingParams(max_new_tokens=8, greedy=True))
     shared = engine.generate(prompts, SamplingParams(max_new_tokens=8, greedy=True))
     assert [g.token_ids for g in shared] == [distinct[0].token_ids] * 3 + [distinct[1].token_ids] * 2
+
+
+def test_reordering_rows_when_samples_finish_changes_no_sample(tiny_model, tokenizer, monkeypatch):
+    """Finished rows are replaced by rows from the end of the batch (``fill_holes``); each sample still gets the
+    random draws it would get with the rows kept in order, so seeded output is the same either way."""
+    import search_rl.rollout.engines.hf as hf_module
+
+    prompts = _ids(tokenizer, [*PROMPTS, "Who wrote Hamlet", "One", "Two words", "The sea is"])
+    limits = [3, 11, 5, 14, 2, 9, 6]  # rows leave at different steps, early rows first: holes to fill
+    params = SamplingParams(max_new_tokens=14, temperature=1.0, seed=5, logprobs=True)
+    moved = HFEngine(tiny_model, tokenizer).generate(prompts, params, limits)
+    monkeypatch.setattr(hf_module, "fill_holes", lambda keep, rows: keep)  # rows kept in order, as before
+    in_order = HFEngine(tiny_model, tokenizer).generate(prompts, params, limits)
+    assert [len(g.token_ids) for g in moved] == limits
+    assert [g.token_ids for g in moved] == [g.token_ids for g in in_order]
+    for a, b in zip(moved, in_order, strict=True):
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
