@@ -121,8 +121,7 @@ class GrowingLayer(DynamicLayer):
         """Add rows after the live ones. Both sides are left-padded with zeros to the wider of the two widths; the
         new rows are written into the buffers' free rows and columns where they fit, else both are copied into new
         buffers."""
-        filled, width = self.get_seq_length(), keys.shape[-2]
-        rows, new = self._rows if self._buffers() is not None else 0, keys.shape[0]
+        filled, width, rows, new = self.get_seq_length(), keys.shape[-2], self._rows, keys.shape[0]
         bufs = self._buffers()
         if bufs is not None and rows + new <= bufs[0].shape[0] and width <= filled + self._start:
             shift = max(width - filled, 0)  # columns this layer's rows gain on the left

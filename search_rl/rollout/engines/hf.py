@@ -107,13 +107,10 @@ class HFEngine(InProcessEngine):
         results: list[Generated | None] = [None] * n
         stops = params.stop
         screen = self.stop_tails(stops)
+        noise_rows: torch.Tensor | None = None  # row -> its sample's draw, once rows are reordered
         while True:
             if self.logits_processor is not None:
                 logits = self.logits_processor([prompts[i] for i in active], [tokens[i] for i in active], logits)
-            # draws go to the samples in index order, whatever order their rows are in (``fill_holes`` below)
-            ranks = {i: k for k, i in enumerate(sorted(active))}
-            in_order = all(ranks[i] == row for row, i in enumerate(active))
-            noise_rows = None if in_order else torch.tensor([ranks[i] for i in active], device=device)
             next_tok, next_lp = sample_tokens(logits, params, gen, noise_rows=noise_rows)  # (R,), (R,)
             tok_list, lp_list = next_tok.tolist(), next_lp.tolist()
             for row, i in enumerate(active):
@@ -138,6 +135,10 @@ class HFEngine(InProcessEngine):
                 cache.batch_select_indices(sel)
                 attention, last_pos, next_tok = attention[sel], last_pos[sel], next_tok[sel]
                 active = [active[r] for r in order]
+                # draws go to the samples in index order, whatever order their rows are now in
+                ranks = {i: k for k, i in enumerate(sorted(active))}
+                in_order = all(ranks[i] == row for row, i in enumerate(active))
+                noise_rows = None if in_order else torch.tensor([ranks[i] for i in active], device=device)
             attention = torch.cat([attention, attention.new_ones((len(active), 1))], dim=1)  # (R, L+1)
             last_pos = last_pos + 1
             logits = self._forward(next_tok[:, None], attention, last_pos[:, None], cache)
