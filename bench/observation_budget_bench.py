@@ -26,8 +26,8 @@ from search_rl.datatypes import Passage
 from search_rl.models import load_tokenizer
 from search_rl.prompt_data import read_rows
 from search_rl.reward.search_stats import contains_answer
+from search_rl.rollout.backends.retriever_client import RetrieverClient
 from search_rl.rollout.observations import ObservationBuilder
-from search_rl.rollout.retriever_client import RetrieverClient
 
 DATA = "data/datasets/nq_hotpotqa_mini/{split}.parquet"
 UNCUT = 10**9

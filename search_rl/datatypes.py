@@ -116,7 +116,7 @@ class SearchCall:
     passages: tuple[Passage, ...] = ()
     failed: bool = False
     retrieval_key: str | None = None
-    """The entry of the retrieval recording that answered it (``search_rl.rollout.recording``); None when not
+    """The entry of the retrieval recording that answered it (``search_rl.rollout.backends.recording``); None when not
     recorded."""
 
 

@@ -7,8 +7,8 @@
 - ``engines/``: generation engines behind one ``RolloutEngine`` protocol (``hf``, ``vllm``) and ``build_engine``.
 """
 
+from search_rl.rollout.backends.retriever_client import RetrieverClient, RetrieverError
 from search_rl.rollout.engines.base import RolloutEngine
 from search_rl.rollout.generation_manager import LLMGenerationManager, Retriever
-from search_rl.rollout.retriever_client import RetrieverClient, RetrieverError
 
 __all__ = ["LLMGenerationManager", "Retriever", "RetrieverClient", "RetrieverError", "RolloutEngine"]

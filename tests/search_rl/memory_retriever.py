@@ -1,7 +1,7 @@
 """``InMemoryRetriever``: the rollout's ``Retriever`` protocol over passages held in memory, for the agent loop's unit
 tests (no server). Passages are ranked by how many query words they contain (ties: corpus order); ``failing``
 queries raise ``RetrieverError`` as an unreachable server would. The HTTP path is tested against real uvicorn
-servers elsewhere (``tests/search_rl/rollout/test_retriever_client.py``, ``test_search_calls.py``).
+servers elsewhere (``tests/search_rl/rollout/backends/test_retriever_client.py``, ``test_search_calls.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from retriever_server.settings import SHIPPED_CORPUS
 from search_rl.datatypes import Passage
-from search_rl.rollout.retriever_client import RetrieverError, parse_document
+from search_rl.rollout.backends.retriever_client import RetrieverError, parse_document
 
 _WORD = re.compile(r"\w+")
 

@@ -20,7 +20,7 @@ from search_rl.datatypes import Passage
 from search_rl.rollout.backends.meter import CostMeter, meter_metrics, meter_of
 
 if TYPE_CHECKING:  # recording.py imports the meter from this package: imported lazily below
-    from search_rl.rollout.recording import BackendIdentity, RecordingStore
+    from search_rl.rollout.backends.recording import BackendIdentity, RecordingStore
 
 
 class SearchBackend(Protocol):
@@ -59,7 +59,7 @@ def recorded_fingerprint(store: RecordingStore, wanted: str | None) -> BackendId
     Raises:
         ConfigError: the id is not in the file, or the file holds several and none was chosen.
     """
-    from search_rl.rollout.recording import BackendIdentity
+    from search_rl.rollout.backends.recording import BackendIdentity
 
     known = {fid: desc for fid, desc, _ in store.fingerprints()}
     if wanted is not None:
@@ -85,7 +85,7 @@ def build_retriever(cfg: RetrieverClientConfig) -> SearchBackend:
         ConfigError: a web backend without its API key; an ambiguous replay fingerprint.
         RetrieverError: ``record``/``cache``/``replay`` over ``http`` and the retriever's ``/health`` cannot be read.
     """
-    from search_rl.rollout.recording import RecordingRetriever, RecordingStore
+    from search_rl.rollout.backends.recording import RecordingRetriever, RecordingStore
 
     rec = cfg.recording
     mode = "replay" if cfg.backend == "replay" else rec.mode

@@ -27,8 +27,8 @@ from search_rl.config.search_backends import SimulatedSearchConfig
 from search_rl.datatypes import Passage, SamplingParams
 from search_rl.models.identity import source_weights_sha256
 from search_rl.rollout.backends.meter import CostMeter
-from search_rl.rollout.recording import BackendIdentity
-from search_rl.rollout.retriever_client import RetrieverError, describe_failure
+from search_rl.rollout.backends.recording import BackendIdentity
+from search_rl.rollout.backends.retriever_client import RetrieverError, describe_failure
 
 PROMPT = (
     "You are a search engine over Wikipedia. Write {k} short documents that answer or relate to the search query, "

@@ -26,8 +26,8 @@ from search_rl.config.search_backends import WebSearchConfig
 from search_rl.datatypes import Passage
 from search_rl.rollout.backends.meter import CostMeter
 from search_rl.rollout.backends.providers import provider
-from search_rl.rollout.recording import BackendIdentity, PartialResults
-from search_rl.rollout.retriever_client import RetrieverError, describe_failure
+from search_rl.rollout.backends.recording import BackendIdentity, PartialResults
+from search_rl.rollout.backends.retriever_client import RetrieverError, describe_failure
 
 logger = logging.getLogger(__name__)
 

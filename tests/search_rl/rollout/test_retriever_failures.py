@@ -17,8 +17,8 @@ import pytest
 
 from retriever_server.launcher import RetrieverProcess, bm25_env, free_port
 from search_rl.config import RetrieverClientConfig, RolloutConfig
+from search_rl.rollout.backends.retriever_client import RetrieverClient, RetrieverError
 from search_rl.rollout.generation_manager import LLMGenerationManager
-from search_rl.rollout.retriever_client import RetrieverClient, RetrieverError
 from search_rl.tags import RETRIEVER_ERROR_TEXT
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

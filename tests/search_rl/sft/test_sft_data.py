@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from search_rl.config import RetrieverClientConfig, RolloutConfig
+from search_rl.rollout.backends.retriever_client import RetrieverClient
 from search_rl.rollout.generation_manager import LLMGenerationManager
 from search_rl.rollout.observations import ObservationBuilder
-from search_rl.rollout.retriever_client import RetrieverClient
 from search_rl.sft.dataset import SFTDataset
 from search_rl.sft.trajectories import SFTTurn, SkipExample, build_trajectory, parse_turns
 

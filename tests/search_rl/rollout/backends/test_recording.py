@@ -1,6 +1,6 @@
 """Retrieval recordings: keys, the three modes over a backend, replay-only runs, several writer processes, the CLI.
 
-Run: python -m pytest tests/search_rl/rollout/test_recording.py -q
+Run: python -m pytest tests/search_rl/rollout/backends/test_recording.py -q
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from search_rl.config.errors import ConfigError
 from search_rl.config.search_backends import RecordingConfig
 from search_rl.datatypes import Passage
 from search_rl.rollout.backends import CostMeter, build_retriever, recorded_fingerprint
-from search_rl.rollout.recording import (
+from search_rl.rollout.backends.recording import (
     BackendIdentity,
     Entry,
     RecordingMiss,

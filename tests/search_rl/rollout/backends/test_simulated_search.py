@@ -3,7 +3,7 @@ server answering chat completions) and the local tiny random model as writers; a
 tiny model, recorded, and the same run resumed from its step-1 checkpoint under ``retriever.backend=replay``, which
 reproduces step 2's rollouts token for token.
 
-Run: python -m pytest tests/search_rl/rollout/test_simulated_search.py -q
+Run: python -m pytest tests/search_rl/rollout/backends/test_simulated_search.py -q
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from search_rl.config.search_backends import SimulatedSearchConfig
 from search_rl.configure import load_config
 from search_rl.main_ppo import build_trainer, build_workers, prepare
 from search_rl.models.identity import source_weights_sha256
+from search_rl.rollout.backends.recording import RecordingStore
+from search_rl.rollout.backends.retriever_client import RetrieverError
 from search_rl.rollout.backends.simulated import PROMPT, SimulatedBackend
-from search_rl.rollout.recording import RecordingStore
-from search_rl.rollout.retriever_client import RetrieverError
 from search_rl.tracking.jsonl import read_jsonl
 
 COMPLETION = "Doc 1 (Title: Paris) Paris is the capital of France.\nDoc 2 (Title: France) France is in Europe."

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from search_rl.datatypes import Passage
 from search_rl.rollout.backends.meter import CostMeter
-from search_rl.rollout.retriever_client import RetrieverError
+from search_rl.rollout.backends.retriever_client import RetrieverError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS fingerprints (id TEXT PRIMARY KEY, backend TEXT NOT NULL, description TEXT NOT NULL,

@@ -4,7 +4,7 @@ that runs out, the real URL in every hint, a hung server's timeout, and a start-
 Servers are real: ``python -m retriever_server`` (BM25 over the shipped corpus) on a free loopback port, and, for
 the hung server, a real socket that accepts connections and never answers.
 
-Run: python -m pytest tests/search_rl/rollout/test_retriever_outage.py -q   (about 40 s)
+Run: python -m pytest tests/search_rl/rollout/backends/test_retriever_outage.py -q   (about 40 s)
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from retriever_server.launcher import RetrieverProcess, bm25_env, free_port
 from search_rl.config import RetrieverClientConfig
 from search_rl.configure import load_config
 from search_rl.main_ppo import prepare
-from search_rl.rollout.retriever_client import RetrieverClient, RetrieverError
+from search_rl.rollout.backends.retriever_client import RetrieverClient, RetrieverError
 
 RESTART_PAUSE_S = 5.0
 """How long the server stays down before it is started again (the old client gave up after 3.5 s)."""

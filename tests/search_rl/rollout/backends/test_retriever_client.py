@@ -1,7 +1,7 @@
 """RetrieverClient against a real uvicorn retriever (BM25 over the shipped corpus), plus failures a real server
 cannot be made to produce on demand (503 then success, malformed answers, a socket that never answers).
 
-Run: python -m pytest tests/search_rl/rollout/test_retriever_client.py -q
+Run: python -m pytest tests/search_rl/rollout/backends/test_retriever_client.py -q
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from search_rl.config import RetrieverClientConfig
 from search_rl.datatypes import Passage
-from search_rl.rollout.retriever_client import RetrieverClient, RetrieverError, retry_after_s
+from search_rl.rollout.backends.retriever_client import RetrieverClient, RetrieverError, retry_after_s
 
 DEAD_URL = "http://127.0.0.1:9"  # discard port: connection refused
 

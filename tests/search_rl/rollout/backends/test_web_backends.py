@@ -2,7 +2,7 @@
 documented format (results, 429 with the provider's wait header, 5xx, malformed and empty answers), the budget
 stopping a recorded run with every paid answer kept, and the API key never in a log line or an error.
 
-Run: python -m pytest tests/search_rl/rollout/test_web_backends.py -q
+Run: python -m pytest tests/search_rl/rollout/backends/test_web_backends.py -q
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ import pytest
 from search_rl.config import RetrieverClientConfig
 from search_rl.config.search_backends import RecordingConfig, WebSearchConfig
 from search_rl.rollout.backends import build_retriever
+from search_rl.rollout.backends.retriever_client import RetrieverError
 from search_rl.rollout.backends.web import SearchBudgetExhausted, WebBackend
-from search_rl.rollout.retriever_client import RetrieverError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 KEY = "sk-test-7d1c55e0a9"
 SERPER_OK = {
     "searchParameters": {"q": "eiffel tower height", "gl": "us", "hl": "en", "type": "search", "num": 2},
