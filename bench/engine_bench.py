@@ -26,7 +26,7 @@ from search_rl.config import HFEngineConfig, RetrieverClientConfig, RolloutConfi
 from search_rl.logging_setup import configure_logging
 from search_rl.models import SMOLLM2, dtype_of, load_model, load_tokenizer, model_dir
 from search_rl.models.weights import save_hf_folder, tensor_aliases
-from search_rl.rollout.backends.retriever_client import RetrieverClient
+from search_rl.rollout.backends import RetrieverClient
 from search_rl.rollout.engines.base import RolloutEngine
 from search_rl.rollout.engines.hf import HFEngine
 from search_rl.rollout.generation_manager import LLMGenerationManager

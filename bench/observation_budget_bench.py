@@ -26,7 +26,7 @@ from search_rl.datatypes import Passage
 from search_rl.models import load_tokenizer
 from search_rl.prompt_data import read_rows
 from search_rl.reward.search_stats import contains_answer
-from search_rl.rollout.backends.retriever_client import RetrieverClient
+from search_rl.rollout.backends import RetrieverClient
 from search_rl.rollout.observations import ObservationBuilder
 
 DATA = "data/datasets/nq_hotpotqa_mini/{split}.parquet"

@@ -32,7 +32,7 @@ from search_rl.datatypes import Generated, GroundTruth, RolloutResult, SamplingP
 from search_rl.logging_setup import configure_logging
 from search_rl.models import SMOLLM2, load_model, load_tokenizer
 from search_rl.reward import compute_reward
-from search_rl.rollout.backends.retriever_client import RetrieverClient
+from search_rl.rollout.backends import RetrieverClient
 from search_rl.rollout.engines.hf import HFEngine
 from search_rl.rollout.generation_manager import LLMGenerationManager
 from search_rl.rollout.prompts import encode_prompt

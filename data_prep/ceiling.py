@@ -114,7 +114,7 @@ def http_retrieve_fn(
     """
     from data_prep.retrieval import blocking_search
     from search_rl.config import RetrieverClientConfig
-    from search_rl.rollout.backends.retriever_client import RetrieverClient
+    from search_rl.rollout.backends import RetrieverClient
 
     client = RetrieverClient(RetrieverClientConfig(url=url, topk=k, timeout_s=timeout_s), transport)
     search = blocking_search(client, k)

@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Callable
 
 from search_rl.datatypes import Passage
-from search_rl.rollout.backends.retriever_client import RetrieverClient
+from search_rl.rollout.backends import RetrieverClient
 
 SearchFn = Callable[[list[str]], list[list[Passage]]]
 """Takes a batch of queries and returns, per query, its passages best first."""

@@ -199,7 +199,7 @@ def http_search_fn(url: str, topk: int) -> tuple[SearchFn, dict[str, Any]]:
     import httpx
 
     from search_rl.config import RetrieverClientConfig
-    from search_rl.rollout.backends.retriever_client import RetrieverClient, RetrieverError
+    from search_rl.rollout.backends import RetrieverClient, RetrieverError
 
     client = RetrieverClient(RetrieverClientConfig(url=url, topk=topk, max_queries_per_request=64, max_concurrency=4))
     client.check_reachable()
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--topk, --max-searches and --max-rows must be >= 1")
     if not 0.0 <= args.no_think_fraction <= 1.0:
         ap.error(f"--no-think-fraction must be in [0, 1], got {args.no_think_fraction}")
-    from search_rl.rollout.backends.retriever_client import RetrieverError
+    from search_rl.rollout.backends import RetrieverError
 
     try:
         schema, rows = read_input(args.input, args.max_rows)

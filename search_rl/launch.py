@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from search_rl.config import ConfigError, TrainerConfig
 from search_rl.configure import to_config
 from search_rl.ray_session import ray_session
-from search_rl.rollout.backends.retriever_client import RetrieverError
+from search_rl.rollout.backends import RetrieverError
 from search_rl.rollout.backends.web import SearchBudgetExhausted
 from search_rl.tracking import Tracker, build_tracker
 from search_rl.trainer.collect import RetrieverOutage

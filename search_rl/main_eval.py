@@ -39,7 +39,7 @@ from omegaconf import DictConfig
 from search_rl.config import CONFIG_DIR, ConfigError, exit_on_renamed, register_configs
 from search_rl.configure import to_config
 from search_rl.evaluation.run import EvalResult, evaluate, load_eval_config
-from search_rl.rollout.backends.retriever_client import RetrieverError
+from search_rl.rollout.backends import RetrieverError
 from search_rl.rollout.backends.web import SearchBudgetExhausted
 
 __all__ = ["EvalResult", "evaluate", "load_eval_config", "main"]

@@ -40,8 +40,7 @@ from search_rl.config import ConfigError, EvalConfig
 from search_rl.datatypes import Passage
 from search_rl.evaluation.fingerprint import describe_retriever
 from search_rl.evaluation.run import evaluate, load_eval_config
-from search_rl.rollout.backends import build_retriever
-from search_rl.rollout.backends.retriever_client import RetrieverError
+from search_rl.rollout.backends import RetrieverError, build_retriever
 from search_rl.rollout.generation_manager import Retriever
 
 logger = logging.getLogger(__name__)

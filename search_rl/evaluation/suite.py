@@ -27,7 +27,7 @@ from pathlib import Path
 from search_rl.config import ConfigError, EvalConfig
 from search_rl.evaluation.run import evaluate, load_eval_config
 from search_rl.prompt_data import resolve_data_path
-from search_rl.rollout.backends.retriever_client import RetrieverError
+from search_rl.rollout.backends import RetrieverError
 
 logger = logging.getLogger(__name__)
 

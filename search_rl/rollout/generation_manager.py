@@ -39,8 +39,7 @@ from search_rl.datatypes import (
     TrajectoryStats,
 )
 from search_rl.rollout.actions import is_search_attempt, parse_action
-from search_rl.rollout.backends.meter import meter_metrics, meter_of
-from search_rl.rollout.backends.retriever_client import RetrieverClient, RetrieverError
+from search_rl.rollout.backends import RetrieverClient, RetrieverError, meter_metrics, meter_of
 from search_rl.rollout.engines.base import RolloutEngine, SessionEngine
 from search_rl.rollout.observations import Observation, ObservationBuilder
 from search_rl.seeds import sample_seed, turn_seed

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from search_rl.logging_setup import MESSAGE_FORMAT, configure_logging
-from search_rl.rollout.backends.recording import Entry, RecordingStore
+from search_rl.rollout.backends import Entry, RecordingStore
 
 logger = logging.getLogger(__name__)
 

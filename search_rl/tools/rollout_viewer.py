@@ -30,7 +30,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Footer, Header, Input, Select, Static
 
 from search_rl.logging_setup import MESSAGE_FORMAT, configure_logging
-from search_rl.rollout.backends.recording import RecordingStore
+from search_rl.rollout.backends import RecordingStore
 from search_rl.tracking.jsonl import read_jsonl
 
 logger = logging.getLogger(__name__)

@@ -32,7 +32,7 @@ from search_rl.config import RetrieverClientConfig
 from search_rl.datatypes import Passage
 from search_rl.reward.format import format_ok
 from search_rl.rollout.actions import parse_action
-from search_rl.rollout.backends.retriever_client import RetrieverClient
+from search_rl.rollout.backends import RetrieverClient
 
 TRAIN = Path(__file__).resolve().parents[2] / "data" / "datasets" / "nq_hotpotqa_mini" / "train.parquet"
 UNKNOWABLE_ID = "nq-train-unknowable"

@@ -6,6 +6,11 @@ checks): ``http`` (the retriever service, ``HttpBackend``), ``web`` (``WebBacken
 ``RecordingRetriever`` when ``retriever.recording.mode`` is not ``off``. Every backend returns ``Passage`` lists,
 says which search engine it is (``fingerprint()``), checks itself before a run (``check_reachable()``) and counts
 its calls and cost (``meter``).
+
+The room holds everything a search call crosses below the agent loop: ``retriever_client`` (the HTTP client of the
+Search-R1 ``/retrieve`` contract), ``recording`` (the SQLite store of every retrieval), ``identity``
+(``BackendIdentity``, a backend's fingerprint), ``meter`` and the backends themselves. It imports nothing of
+``search_rl.rollout`` outside this folder; code outside imports the names below, not the modules.
 """
 
 from __future__ import annotations
@@ -13,14 +18,14 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from search_rl.config import ConfigError, RetrieverClientConfig
 from search_rl.datatypes import Passage
+from search_rl.rollout.backends.identity import BackendIdentity
 from search_rl.rollout.backends.meter import CostMeter, meter_metrics, meter_of
-
-if TYPE_CHECKING:  # recording.py imports the meter from this package: imported lazily below
-    from search_rl.rollout.backends.recording import BackendIdentity, RecordingStore
+from search_rl.rollout.backends.recording import Entry, RecordingMiss, RecordingRetriever, RecordingStore
+from search_rl.rollout.backends.retriever_client import RetrieverClient, RetrieverError
 
 
 class SearchBackend(Protocol):
@@ -59,8 +64,6 @@ def recorded_fingerprint(store: RecordingStore, wanted: str | None) -> BackendId
     Raises:
         ConfigError: the id is not in the file, or the file holds several and none was chosen.
     """
-    from search_rl.rollout.backends.recording import BackendIdentity
-
     known = {fid: desc for fid, desc, _ in store.fingerprints()}
     if wanted is not None:
         if wanted not in known:
@@ -85,8 +88,6 @@ def build_retriever(cfg: RetrieverClientConfig) -> SearchBackend:
         ConfigError: a web backend without its API key; an ambiguous replay fingerprint.
         RetrieverError: ``record``/``cache``/``replay`` over ``http`` and the retriever's ``/health`` cannot be read.
     """
-    from search_rl.rollout.backends.recording import RecordingRetriever, RecordingStore
-
     rec = cfg.recording
     mode = "replay" if cfg.backend == "replay" else rec.mode
     live = None if cfg.backend == "replay" else build_live_backend(cfg)
@@ -123,7 +124,14 @@ def write_backend_manifest(path: Path, cfg: RetrieverClientConfig, retriever: An
 
 
 __all__ = [
+    "BackendIdentity",
     "CostMeter",
+    "Entry",
+    "RecordingMiss",
+    "RecordingRetriever",
+    "RecordingStore",
+    "RetrieverClient",
+    "RetrieverError",
     "SearchBackend",
     "backend_manifest",
     "build_live_backend",

@@ -10,8 +10,8 @@ import httpx
 
 from search_rl.config import RetrieverClientConfig
 from search_rl.datatypes import Passage
+from search_rl.rollout.backends.identity import BackendIdentity
 from search_rl.rollout.backends.meter import CostMeter
-from search_rl.rollout.backends.recording import BackendIdentity
 from search_rl.rollout.backends.retriever_client import RetrieverClient, RetrieverError, describe_failure, start_hint
 
 IDENTITY_FIELDS = (

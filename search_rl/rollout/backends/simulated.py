@@ -26,8 +26,8 @@ import httpx
 from search_rl.config.search_backends import SimulatedSearchConfig
 from search_rl.datatypes import Passage, SamplingParams
 from search_rl.models.identity import source_weights_sha256
+from search_rl.rollout.backends.identity import BackendIdentity
 from search_rl.rollout.backends.meter import CostMeter
-from search_rl.rollout.backends.recording import BackendIdentity
 from search_rl.rollout.backends.retriever_client import RetrieverError, describe_failure
 
 PROMPT = (

@@ -24,9 +24,10 @@ import httpx
 from search_rl.config.errors import ConfigError
 from search_rl.config.search_backends import WebSearchConfig
 from search_rl.datatypes import Passage
+from search_rl.rollout.backends.identity import BackendIdentity
 from search_rl.rollout.backends.meter import CostMeter
 from search_rl.rollout.backends.providers import provider
-from search_rl.rollout.backends.recording import BackendIdentity, PartialResults
+from search_rl.rollout.backends.recording import PartialResults
 from search_rl.rollout.backends.retriever_client import RetrieverError, describe_failure
 
 logger = logging.getLogger(__name__)

@@ -190,7 +190,7 @@ def test_continuous_schedule_decodes_while_searching_and_matches_turns(make_scri
 
 
 def test_continuous_schedule_raises_the_retrievers_error(make_scripted_hf, tokenizer, make_prompt):
-    from search_rl.rollout.backends.retriever_client import RetrieverError
+    from search_rl.rollout.backends import RetrieverError
 
     class Failing:
         async def search(self, queries, topk=None):

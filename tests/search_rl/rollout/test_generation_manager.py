@@ -16,7 +16,7 @@ from memory_retriever import InMemoryRetriever, shipped_passages
 
 from search_rl.batches import TrainBatch
 from search_rl.config import RolloutConfig
-from search_rl.rollout.backends.retriever_client import RetrieverError
+from search_rl.rollout.backends import RetrieverError
 from search_rl.rollout.generation_manager import LLMGenerationManager
 from search_rl.tags import (
     EMPTY_QUERY_FEEDBACK,

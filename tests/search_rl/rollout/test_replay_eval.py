@@ -18,7 +18,7 @@ import search_rl.evaluation.run as eval_run
 from retriever_server.launcher import RetrieverProcess, bm25_env
 from retriever_server.settings import SHIPPED_CORPUS
 from search_rl.evaluation.run import evaluate, load_eval_config
-from search_rl.rollout.backends.recording import RecordingStore
+from search_rl.rollout.backends import RecordingStore
 from search_rl.tools.rollout_viewer import load_records, render_record
 from search_rl.tracking.jsonl import read_jsonl
 

@@ -17,7 +17,7 @@ import pytest
 
 from retriever_server.launcher import RetrieverProcess, bm25_env, free_port
 from search_rl.config import RetrieverClientConfig, RolloutConfig
-from search_rl.rollout.backends.retriever_client import RetrieverClient, RetrieverError
+from search_rl.rollout.backends import RetrieverClient, RetrieverError
 from search_rl.rollout.generation_manager import LLMGenerationManager
 from search_rl.tags import RETRIEVER_ERROR_TEXT
 

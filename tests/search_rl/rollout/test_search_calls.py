@@ -12,7 +12,7 @@ import asyncio
 import pytest
 
 from search_rl.config import RetrieverClientConfig, RolloutConfig
-from search_rl.rollout.backends.retriever_client import RetrieverClient
+from search_rl.rollout.backends import RetrieverClient
 from search_rl.rollout.generation_manager import LLMGenerationManager
 from search_rl.tags import doc_header
 

@@ -15,8 +15,7 @@ from search_rl.batches import PromptBatch
 from search_rl.config import RewardConfig, RolloutConfig
 from search_rl.config.errors import ConfigError
 from search_rl.reward.scoring import score_trajectories
-from search_rl.rollout.backends import CostMeter
-from search_rl.rollout.backends.recording import BackendIdentity, RecordingRetriever, RecordingStore
+from search_rl.rollout.backends import BackendIdentity, CostMeter, RecordingRetriever, RecordingStore
 from search_rl.rollout.generation_manager import LLMGenerationManager
 
 SCRIPT = ["<search> Deadpool 2 release </search>", "<search> Nobel Prize in Physics </search>", "<answer> x </answer>"]

@@ -10,7 +10,7 @@ import pytest
 
 from search_rl.config import RetrieverClientConfig
 from search_rl.prompt_data import REPO_ROOT
-from search_rl.rollout.backends.retriever_client import RetrieverClient
+from search_rl.rollout.backends import RetrieverClient
 from search_rl.sft.trajectories import contains_answer
 
 TRAIN = REPO_ROOT / "data/datasets/nq_hotpotqa_mini/train.parquet"

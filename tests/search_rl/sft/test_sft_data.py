@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from search_rl.config import RetrieverClientConfig, RolloutConfig
-from search_rl.rollout.backends.retriever_client import RetrieverClient
+from search_rl.rollout.backends import RetrieverClient
 from search_rl.rollout.generation_manager import LLMGenerationManager
 from search_rl.rollout.observations import ObservationBuilder
 from search_rl.sft.dataset import SFTDataset

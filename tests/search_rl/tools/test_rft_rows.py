@@ -26,7 +26,7 @@ from search_rl.batches import PromptBatch
 from search_rl.config import RetrieverClientConfig, RolloutConfig
 from search_rl.datatypes import GroundTruth
 from search_rl.reward import compute_reward
-from search_rl.rollout.backends.retriever_client import RetrieverClient
+from search_rl.rollout.backends import RetrieverClient
 from search_rl.rollout.generation_manager import LLMGenerationManager
 from search_rl.rollout.prompts import encode_prompt
 from search_rl.sft.dataset import SFTDataset

@@ -16,7 +16,7 @@ import torch
 
 from search_rl.batches import BatchMeta, PromptBatch
 from search_rl.config import AlgorithmConfig, RetrieverClientConfig, RolloutConfig
-from search_rl.rollout.backends.retriever_client import RetrieverClient
+from search_rl.rollout.backends import RetrieverClient
 from search_rl.rollout.generation_manager import LLMGenerationManager
 from search_rl.trainer.steps import build_train_batch, compute_advantages, place_scores
 from search_rl.workers.actor_rollout_ref import actor_loss

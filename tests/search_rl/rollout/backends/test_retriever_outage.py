@@ -19,7 +19,7 @@ from retriever_server.launcher import RetrieverProcess, bm25_env, free_port
 from search_rl.config import RetrieverClientConfig
 from search_rl.configure import load_config
 from search_rl.main_ppo import prepare
-from search_rl.rollout.backends.retriever_client import RetrieverClient, RetrieverError
+from search_rl.rollout.backends import RetrieverClient, RetrieverError
 
 RESTART_PAUSE_S = 5.0
 """How long the server stays down before it is started again (the old client gave up after 3.5 s)."""

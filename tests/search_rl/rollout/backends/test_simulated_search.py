@@ -24,8 +24,7 @@ from search_rl.config.search_backends import SimulatedSearchConfig
 from search_rl.configure import load_config
 from search_rl.main_ppo import build_trainer, build_workers, prepare
 from search_rl.models.identity import source_weights_sha256
-from search_rl.rollout.backends.recording import RecordingStore
-from search_rl.rollout.backends.retriever_client import RetrieverError
+from search_rl.rollout.backends import RecordingStore, RetrieverError
 from search_rl.rollout.backends.simulated import PROMPT, SimulatedBackend
 from search_rl.tracking.jsonl import read_jsonl
 

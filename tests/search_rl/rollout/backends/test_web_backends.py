@@ -26,8 +26,7 @@ import pytest
 
 from search_rl.config import RetrieverClientConfig
 from search_rl.config.search_backends import RecordingConfig, WebSearchConfig
-from search_rl.rollout.backends import build_retriever
-from search_rl.rollout.backends.retriever_client import RetrieverError
+from search_rl.rollout.backends import RetrieverError, build_retriever
 from search_rl.rollout.backends.web import SearchBudgetExhausted, WebBackend
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
