@@ -6,7 +6,14 @@ from dataclasses import dataclass, field
 
 from search_rl.config.errors import ConfigError
 from search_rl.config.model import ModelConfig
-from search_rl.config.rollout import ENGINES, HFEngineConfig, RetrieverClientConfig, RolloutConfig, VLLMEngineConfig
+from search_rl.config.rollout import (
+    ENGINES,
+    HFEngineConfig,
+    RetrieverClientConfig,
+    RolloutConfig,
+    VLLMEngineConfig,
+    share_search_keys,
+)
 from search_rl.config.run import RewardConfig
 
 BASELINES = ("search", "no_search", "naive_rag")
@@ -62,9 +69,10 @@ class EvalConfig:
     """The root of ``configs/eval.yaml``."""
 
     do_search: bool = RolloutConfig.do_search
-    """Execute ``<search>`` actions (``search`` baseline only)."""
+    """Execute ``<search>`` actions (``search`` baseline only); one setting with
+    ``actor_rollout_ref.rollout.do_search``."""
     max_turns: int = RolloutConfig.max_turns
-    """Search turns per episode (``search`` baseline only)."""
+    """Search turns per episode (``search`` baseline only); one setting with ``actor_rollout_ref.rollout.max_turns``."""
     baseline: str = "search"
     """``search`` (the rows' prompts, with search), ``no_search`` (closed book) or ``naive_rag`` (top-k passages of
     the question inlined in the prompt, no search)."""
@@ -89,6 +97,7 @@ class EvalConfig:
     """Where the run folder with ``metrics.json`` and ``trajectories.jsonl`` goes."""
 
     def __post_init__(self) -> None:
+        share_search_keys(self, self.actor_rollout_ref.rollout)
         if self.baseline not in BASELINES:
             raise ConfigError(f"baseline must be one of {BASELINES}, got {self.baseline!r}")
         if self.rag_topk < 1 or self.batch_size < 1:

@@ -6,6 +6,7 @@ Choice fields are plain ``str`` checked in ``__post_init__`` (OmegaConf structur
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from search_rl.config.errors import ConfigError
 from search_rl.config.search_backends import RecordingConfig, SimulatedSearchConfig, WebSearchConfig, check_backend
@@ -82,9 +83,11 @@ class RolloutConfig:
     """The multi-turn search loop: turns, length budgets, sampling and failure policy."""
 
     do_search: bool = True
-    """Execute ``<search>`` actions; when false every episode is a single answer turn."""
+    """Execute ``<search>`` actions; when false every episode is a single answer turn. In the entry points this and
+    the top-level ``do_search`` are one setting: set either (two different values are refused)."""
     max_turns: int = 4
-    """Search turns; one further final turn follows, in which search is off and the model must answer."""
+    """Search turns; one further final turn follows, in which search is off and the model must answer. In the entry
+    points this and the top-level ``max_turns`` are one setting: set either (two different values are refused)."""
     max_prompt_tokens: int = 512
     """Longest prompt; longer prompts are an error or are cut from the left (``prompt_truncation``)."""
     max_turn_tokens: int = 256
@@ -158,6 +161,42 @@ class RolloutConfig:
             )
 
 
+class SearchKeys(Protocol):
+    """A root config holding Search-R1's top-level ``do_search`` and ``max_turns``."""
+
+    do_search: bool
+    max_turns: int
+
+
+SEARCH_KEYS = ("do_search", "max_turns")
+"""Search-R1's top-level keys; each names the same setting as ``actor_rollout_ref.rollout.<key>``."""
+
+
+def share_search_keys(root: SearchKeys, rollout: RolloutConfig) -> None:
+    """Make the top-level ``do_search`` / ``max_turns`` and the rollout's keys of the same name one setting, in place.
+
+    The YAML ties them by interpolation (``configs/rollout/hf.yaml``: the rollout's key is ``${max_turns}``); this
+    does the same for a config built in Python (``PPOConfig(max_turns=2)``) and for a command line that sets
+    ``actor_rollout_ref.rollout.max_turns=2`` directly: where one of the two differs from the default, both take it.
+
+    Raises:
+        ConfigError: both differ from the default and from each other (the two keys named, and which one to keep).
+    """
+    for name in SEARCH_KEYS:
+        default, top, inner = getattr(RolloutConfig, name), getattr(root, name), getattr(rollout, name)
+        if top == inner:
+            continue
+        if inner == default:
+            setattr(rollout, name, top)
+        elif top == default:
+            setattr(root, name, inner)
+        else:
+            raise ConfigError(
+                f"{name}={top} and actor_rollout_ref.rollout.{name}={inner} name the same setting but disagree; "
+                f"set one of them (the top-level {name}, Search-R1's key, is the usual one)"
+            )
+
+
 @dataclass
 class HFEngineConfig:
     """The transformers generation backend (CPU default)."""
@@ -223,7 +262,7 @@ class VLLMEngineConfig:
 class TrainRolloutConfig(RolloutConfig):
     """The rollout as the trainer runs it: the search loop's ``RolloutConfig`` plus samples per prompt and engine.
 
-    ``do_search`` and ``max_turns`` are set from the top-level keys of the same names in the YAML.
+    ``do_search`` and ``max_turns`` are one setting with the top-level keys of the same names (``share_search_keys``).
     """
 
     n: int | None = None

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from search_rl.config.errors import ConfigError
 from search_rl.config.model import ModelConfig, OptimConfig, check_trainable_dtype
 from search_rl.config.roles import ActorConfig
-from search_rl.config.rollout import RetrieverClientConfig, RolloutConfig, TrainRolloutConfig
+from search_rl.config.rollout import RetrieverClientConfig, RolloutConfig, TrainRolloutConfig, share_search_keys
 from search_rl.config.run import DataConfig, RewardConfig, TrainerConfig
 
 SFT_TRAIN_FILE = "data/datasets/nq_hotpotqa_mini/sft_train.parquet"
@@ -56,9 +56,11 @@ class SFTConfig:
     """The root of ``configs/sft_trainer.yaml``."""
 
     do_search: bool = RolloutConfig.do_search
-    """Validation rollouts execute ``<search>`` actions (Search-R1's key)."""
+    """Validation rollouts execute ``<search>`` actions (Search-R1's key; one setting with
+    ``actor_rollout_ref.rollout.do_search``)."""
     max_turns: int = RolloutConfig.max_turns
-    """Search turns per episode (validation; examples with more searches are left out and counted)."""
+    """Search turns per episode (validation; examples with more searches are left out and counted); one setting with
+    ``actor_rollout_ref.rollout.max_turns``."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The starting policy."""
     data: DataConfig = field(default_factory=lambda: DataConfig(train_files=[SFT_TRAIN_FILE], train_batch_size=16))
@@ -81,6 +83,7 @@ class SFTConfig:
 
     def __post_init__(self) -> None:
         check_trainable_dtype(self.model)
+        share_search_keys(self, self.actor_rollout_ref.rollout)
         if self.actor_rollout_ref.rollout.n is None:
             self.actor_rollout_ref.rollout.n = 1
 
