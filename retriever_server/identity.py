@@ -26,9 +26,9 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from retriever_server.api.errors import without_paths
 from retriever_server.index.build import index_path
 from retriever_server.index.corpus import Corpus
+from retriever_server.redaction import without_paths
 from retriever_server.retrievers.encoder import resolve_backend
 from retriever_server.settings import Method, Settings
 

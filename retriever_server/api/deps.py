@@ -6,9 +6,9 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 
-from retriever_server.api.errors import without_paths
 from retriever_server.api.service import SearchService
 from retriever_server.api.state import AppState
+from retriever_server.redaction import without_paths
 
 LOADING_RETRY_S = 5
 """``Retry-After`` of a 503 while the index loads."""

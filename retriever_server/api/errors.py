@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-import re
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -13,18 +11,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from retriever_server.api.batching import Overloaded, SearchFailed
-
-_ABSOLUTE_PATH = re.compile(r"(?<![\w.~:/-])[~/][^\s'\"():,;]*")
-
-
-def without_paths(text: str) -> str:
-    """``text`` with every absolute path cut to its last part: what ``/health`` and 503s show to any caller (the
-    server log keeps the whole message).
-
-    >>> without_paths("ValueError: /home/ann/c.jsonl:3: duplicate id; see http://x/y")
-    'ValueError: c.jsonl:3: duplicate id; see http://x/y'
-    """
-    return _ABSOLUTE_PATH.sub(lambda m: Path(m.group()).name or m.group(), text)
 
 
 def json_safe(value: Any) -> Any:

@@ -13,9 +13,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from retriever_server.api.deps import ServiceDep, StateDep
-from retriever_server.api.errors import without_paths
 from retriever_server.api.schemas import ErrorMessage, Health, RetrieveRequest, RetrieveResponse
 from retriever_server.identity import search_settings
+from retriever_server.redaction import without_paths
 
 router = APIRouter()
 T = TypeVar("T")
