@@ -12,8 +12,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from retriever_server.api.deps import ServiceDep, StateDep
 from retriever_server.api.schemas import ErrorMessage, Health, RetrieveRequest, RetrieveResponse
+from retriever_server.api.state import ServiceDep, StateDep
 from retriever_server.identity import search_settings
 from retriever_server.redaction import without_paths
 

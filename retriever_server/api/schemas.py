@@ -60,7 +60,7 @@ class RetrieveRequest(BaseModel):
     """``{"queries": [str], "topk": int?, "return_scores": bool}``; unknown fields are rejected by name.
 
     The configured limits (queries per request, characters per query, largest top-k) are checked by the route and
-    written into the OpenAPI document by ``openapi.document_limits``.
+    written into the OpenAPI document by ``app.document_limits``.
     """
 
     model_config = ConfigDict(extra="forbid")
