@@ -126,13 +126,6 @@ class GroupQueue(Generic[T]):
                     return Taken([], dropped, depth)
                 self._cond.wait(left)
 
-    def wait_for_room(self, n: int, timeout_s: float) -> bool:
-        """Block until ``n`` groups fit (or ``timeout_s`` passes); True when they fit."""
-        with self._cond:
-            return self._cond.wait_for(
-                lambda: len(self._ready) + self._reserved + n <= self.capacity, timeout=timeout_s
-            )
-
     def wake(self) -> None:
         """Wake every waiter (after an outside event: new weights, a failure, shutdown)."""
         with self._cond:

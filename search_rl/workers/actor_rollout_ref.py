@@ -405,7 +405,3 @@ class ActorRolloutRefWorker:
     def peak_memory_mb(self) -> float:
         """Peak resident memory of this worker process (Linux ``ru_maxrss``), in MiB."""
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-    def peak_gpu_memory_mb(self) -> float:
-        """Peak GPU memory allocated by torch in this worker, in MiB (0 on CPU)."""
-        return torch.cuda.max_memory_allocated() / 2**20 if self.spec.device == "cuda" else 0.0
