@@ -3,7 +3,8 @@
 One layout per concept, the same key path for the same setting in every entry point:
 
 - ``model.py``: ``model.*`` (what to train or evaluate) and ``OptimConfig``.
-- ``rollout.py``: the search loop ``actor_rollout_ref.rollout.*``, its engine ``...rollout.hf.*``, ``retriever.*``.
+- ``rollout.py``: the search loop ``actor_rollout_ref.rollout.*``, its engine (``EngineRolloutConfig``: ``engine``,
+  ``...rollout.hf.*``, ``...rollout.vllm.*``, the same in training and evaluation), ``retriever.*``.
 - ``roles.py``: ``actor_rollout_ref.actor.*``, ``actor_rollout_ref.ref.*``, ``critic.*``.
 - ``algorithm.py``: ``algorithm.*``, the RL objective.
 - ``run.py``: ``data.*``, ``reward.*``, ``trainer.*``, and ``StepSettings`` (what one step needs from them).
@@ -31,6 +32,7 @@ from search_rl.config.ppo import DEFAULT_GROUP_SIZE, PPOConfig
 from search_rl.config.roles import ActorConfig, ActorRolloutRefConfig, CriticConfig, RefConfig
 from search_rl.config.rollout import (
     ENGINES,
+    EngineRolloutConfig,
     HFEngineConfig,
     RetrieverClientConfig,
     RolloutConfig,
@@ -60,6 +62,7 @@ __all__ = [
     "EvalActorRolloutRefConfig",
     "EvalConfig",
     "EvalDataConfig",
+    "EngineRolloutConfig",
     "EvalRolloutConfig",
     "HFEngineConfig",
     "VLLMEngineConfig",

@@ -6,14 +6,7 @@ from dataclasses import dataclass, field
 
 from search_rl.config.errors import ConfigError
 from search_rl.config.model import ModelConfig
-from search_rl.config.rollout import (
-    ENGINES,
-    HFEngineConfig,
-    RetrieverClientConfig,
-    RolloutConfig,
-    VLLMEngineConfig,
-    share_search_keys,
-)
+from search_rl.config.rollout import EngineRolloutConfig, RetrieverClientConfig, RolloutConfig, share_search_keys
 from search_rl.config.run import RewardConfig
 
 BASELINES = ("search", "no_search", "naive_rag")
@@ -33,24 +26,10 @@ class EvalDataConfig:
 
 
 @dataclass
-class EvalRolloutConfig(RolloutConfig):
-    """The search loop of evaluation (greedy unless ``n_samples > 1``) and its HF engine, under the same key paths as
-    in training: ``actor_rollout_ref.rollout.*`` and ``actor_rollout_ref.rollout.hf.*``."""
-
-    engine: str = "auto"
-    """Generation backend, as in training: ``hf``, ``static``, ``vllm`` or ``auto`` (``vllm`` where it is installed
-    and runs the model, else ``static`` on GPU and ``hf`` on CPU)."""
-    hf: HFEngineConfig = field(default_factory=HFEngineConfig)
-    """HF engine settings."""
-    gpu_memory_utilization: float = 0.9
-    """``vllm`` engine: share of GPU memory it may take (no trainer shares it here)."""
-    vllm: VLLMEngineConfig = field(default_factory=VLLMEngineConfig)
-    """vLLM engine settings."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.engine not in ENGINES:
-            raise ValueError(f"actor_rollout_ref.rollout.engine must be one of {ENGINES}, got {self.engine!r}")
+class EvalRolloutConfig(EngineRolloutConfig):
+    """The search loop of evaluation (greedy unless ``n_samples > 1``) and its engine, under the same key paths as in
+    training: ``actor_rollout_ref.rollout.*``, ``actor_rollout_ref.rollout.hf.*``, ``actor_rollout_ref.rollout.vllm.*``.
+    """
 
 
 @dataclass
@@ -58,10 +37,13 @@ class EvalActorRolloutRefConfig:
     """``actor_rollout_ref`` of evaluation: only its rollout."""
 
     rollout: EvalRolloutConfig = field(
-        default_factory=lambda: EvalRolloutConfig(greedy=True, max_prompt_tokens=1536, prompt_truncation="left")
+        default_factory=lambda: EvalRolloutConfig(
+            greedy=True, max_prompt_tokens=1536, prompt_truncation="left", gpu_memory_utilization=0.9
+        )
     )
     """The search loop; greedy unless ``n_samples > 1`` (then its temperature, top-p, top-k and seed apply). Prompts
-    may be longer than in training (``naive_rag`` inlines passages) and are cut from the left beyond that."""
+    may be longer than in training (``naive_rag`` inlines passages) and are cut from the left beyond that; vLLM may
+    take 0.9 of the GPU (no trainer shares it here)."""
 
 
 @dataclass

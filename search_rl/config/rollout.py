@@ -259,25 +259,43 @@ class VLLMEngineConfig:
 
 
 @dataclass
-class TrainRolloutConfig(RolloutConfig):
-    """The rollout as the trainer runs it: the search loop's ``RolloutConfig`` plus samples per prompt and engine.
+class EngineRolloutConfig(RolloutConfig):
+    """The search loop and the engine that generates for it: what training (``TrainRolloutConfig``) and evaluation
+    (``EvalRolloutConfig``) both hold under ``actor_rollout_ref.rollout``, written once."""
 
-    ``do_search`` and ``max_turns`` are one setting with the top-level keys of the same names (``share_search_keys``).
-    """
-
-    n: int | None = None
-    """Samples per prompt; ``null`` = 1, or 4 for estimators that compare samples of a prompt (``grpo``, ``rloo``)."""
     engine: str = "auto"
     """Generation backend: ``hf`` (transformers, CPU or GPU), ``static`` (transformers with a static KV cache and
     CUDA-graph decoding, for GPU; takes the ``hf`` settings), ``vllm`` (``search-rl[vllm]``; on CPU ``make
     install-vllm``) or ``auto``: ``vllm`` where it is installed and runs the model (on CPU: head_dim >= 32), else
     ``static`` on GPU and ``hf`` on CPU."""
     hf: HFEngineConfig = field(default_factory=HFEngineConfig)
-    """Settings of the ``hf`` engine."""
+    """Settings of the ``hf`` and ``static`` engines."""
     gpu_memory_utilization: float = 0.4
-    """``vllm`` engine: share of GPU memory it may take (the trainer shares the GPU)."""
+    """``vllm`` engine: share of GPU memory it may take (0.4 in training, where the trainer shares the GPU; 0.9 in
+    evaluation)."""
     vllm: VLLMEngineConfig = field(default_factory=VLLMEngineConfig)
     """Settings of the ``vllm`` engine."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.engine not in ENGINES:
+            raise ConfigError(f"actor_rollout_ref.rollout.engine must be one of {ENGINES}, got {self.engine!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(
+                f"actor_rollout_ref.rollout.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+
+
+@dataclass
+class TrainRolloutConfig(EngineRolloutConfig):
+    """The rollout as the trainer runs it: the search loop and its engine (``EngineRolloutConfig``) plus samples per
+    prompt and the trainer's failure policy.
+
+    ``do_search`` and ``max_turns`` are one setting with the top-level keys of the same names (``share_search_keys``).
+    """
+
+    n: int | None = None
+    """Samples per prompt; ``null`` = 1, or 4 for estimators that compare samples of a prompt (``grpo``, ``rloo``)."""
     log_prob_micro_batch_size_per_gpu: int = 2
     """Samples per forward pass when the actor recomputes the sampling log-probs."""
     max_retriever_error_rate: float = 0.5
@@ -294,8 +312,6 @@ class TrainRolloutConfig(RolloutConfig):
             raise ConfigError(f"actor_rollout_ref.rollout.max_retriever_error_rate must be in [0, 1], got {rate}")
         if self.n is not None and self.n < 1:
             raise ConfigError(f"actor_rollout_ref.rollout.n must be >= 1, got {self.n}")
-        if self.engine not in ENGINES:
-            raise ConfigError(f"actor_rollout_ref.rollout.engine must be one of {ENGINES}, got {self.engine!r}")
         if self.log_prob_micro_batch_size_per_gpu < 1:
             raise ConfigError("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu must be >= 1")
         if self.vllm.tensor_parallel_size > 1:
