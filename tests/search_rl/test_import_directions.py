@@ -1,8 +1,10 @@
 """Import directions (docs/architecture.md): ``data_prep → search_rl → retriever_server`` at package level; inside
 ``search_rl`` the config holds data only: it never imports the algorithms, reward or rollout code that read it
 (``search_rl.configure`` resolves registry names); no module of a package imports an entry point
-(``search_rl/main_*.py``, ``search_rl/demo.py``: they sit on top and know every concrete class); and the module-level
-imports of ``search_rl`` have no cycle.
+(``search_rl/main_*.py``, ``search_rl/demo.py``: they sit on top and know every concrete class); the module-level
+imports of ``search_rl`` and ``retriever_server``, those under ``if TYPE_CHECKING:`` included, have no cycle; the
+search backends (``search_rl/rollout/backends/``) import nothing of the rollout above them; and the retriever's core
+(corpus, index, retrievers, identity, settings) never imports its HTTP layer (``retriever_server/api/``).
 
 Run: python -m pytest tests/search_rl/test_import_directions.py -q
 """
@@ -48,13 +50,13 @@ def _imported_modules(path: Path) -> set[str]:
 
 
 def _module_level_imports(path: Path) -> set[str]:
-    """The imports that run when the module is imported: module level, also inside ``if`` / ``try`` (not under
-    ``if TYPE_CHECKING``), not inside functions or classes."""
+    """The module-level imports: also inside ``if`` / ``try`` and under ``if TYPE_CHECKING:`` (an annotation is a
+    dependency too: a type-only back-arrow is a cycle a reader has to untangle), not inside functions or classes."""
 
     def statements(body: list[ast.stmt]) -> Iterable[ast.stmt]:
         for node in body:
             yield node
-            if isinstance(node, ast.If) and not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
+            if isinstance(node, ast.If):
                 yield from statements(node.body + node.orelse)
             elif isinstance(node, ast.Try):
                 yield from statements(node.body + [s for h in node.handlers for s in h.body] + node.orelse)
@@ -113,11 +115,67 @@ def _cycle(graph: dict[str, set[str]]) -> list[str]:
     return []
 
 
+KNOWN_CYCLE_EDGES = {("search_rl.rollout.engines.hf_session", "search_rl.rollout.engines.hf")}
+"""Edges left out of the cycle check. ``hf_session`` imports ``HFEngine`` under ``TYPE_CHECKING`` while ``hf`` imports
+``hf_session``: the engine work is removing that circle; delete this entry when it has."""
+
+
+def _import_graph(packages: Iterable[str]) -> dict[str, set[str]]:
+    """module -> the modules of ``packages`` its module-level imports name (``_module_level_imports``)."""
+    paths = {_module_name(p): p for package in packages for p in (REPO / package).rglob("*.py")}
+    return {
+        m: {n for n in _module_level_imports(p) if n in paths and n != m and (m, n) not in KNOWN_CYCLE_EDGES}
+        for m, p in paths.items()
+    }
+
+
 def test_module_level_imports_have_no_cycle():
-    paths = {_module_name(p): p for p in (REPO / "search_rl").rglob("*.py")}
-    graph = {m: {n for n in _module_level_imports(p) if n in paths and n != m} for m, p in paths.items()}
-    cycle = _cycle(graph)
+    cycle = _cycle(_import_graph(["search_rl", "retriever_server"]))
     assert not cycle, "import cycle: " + " -> ".join(cycle)
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+BACKENDS = "search_rl.rollout.backends"
+LAZY_BACKEND_IMPORTS = {f"{BACKENDS}.simulated": ("search_rl.rollout.engines.hf", "search_rl.rollout.prompts")}
+"""Imports of the rollout a backend may make inside a function: the simulated backend builds its writer model (an HF
+engine and a prompt) on first use."""
+
+
+def test_search_backends_import_nothing_of_the_rollout_above_them():
+    # the agent loop calls the backends, never the reverse; what they share lives in search_rl.datatypes / config
+    offenders = []
+    for path in (REPO / "search_rl/rollout/backends").rglob("*.py"):
+        module, top = _module_name(path), _module_level_imports(path)
+        for name in sorted(_imported_modules(path)):
+            if not _within(name, "search_rl.rollout") or _within(name, BACKENDS):
+                continue
+            lazy_ok = any(_within(name, allowed) for allowed in LAZY_BACKEND_IMPORTS.get(module, ()))
+            if name in top or not lazy_ok:
+                offenders.append(f"{path.relative_to(REPO)} imports {name}")
+    assert not offenders, f"move what a backend needs into {BACKENDS} (or datatypes / config): {offenders}"
+
+
+RETRIEVER_SERVICE = (
+    "retriever_server.api",
+    "retriever_server.serve",
+    "retriever_server.app",
+    "retriever_server.__main__",
+)
+"""The retriever's service layers and entry points; every other module of ``retriever_server`` is its core."""
+
+
+def test_the_retrievers_core_does_not_import_its_http_layer():
+    offenders = sorted(
+        f"{path.relative_to(REPO)} imports {name}"
+        for path in (REPO / "retriever_server").rglob("*.py")
+        if not any(_within(_module_name(path), layer) for layer in RETRIEVER_SERVICE)
+        for name in _imported_modules(path)
+        if _within(name, "retriever_server.api")
+    )
+    assert not offenders, f"move what the core needs out of retriever_server/api/: {offenders}"
 
 
 def test_the_cycle_check_finds_a_cycle():
@@ -150,4 +208,9 @@ def test_the_check_sees_an_import(tmp_path: Path):
         "search_rl.main_eval",
         "typing_only",
     }
-    assert _module_level_imports(module) == {"os", "data_prep.synth_sft", "data_prep.synth_sft.read_input"}
+    assert _module_level_imports(module) == {
+        "os",
+        "data_prep.synth_sft",
+        "data_prep.synth_sft.read_input",
+        "typing_only",
+    }
