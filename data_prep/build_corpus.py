@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from retriever_server.passages import open_text, split_contents
+from retriever_server.settings import SHIPPED_CORPUS
 from search_rl.tracking.jsonl import iter_jsonl
 
-DEFAULT_OUT = Path(__file__).resolve().parents[1] / "data" / "corpus" / "wiki_mini.jsonl.gz"
+DEFAULT_OUT = SHIPPED_CORPUS
 
 
 @dataclass(frozen=True)

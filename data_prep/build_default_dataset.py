@@ -41,11 +41,12 @@ from data_prep.build_corpus import normalise
 from data_prep.qa_to_parquet import ConversionReport, InputSpec, Question, build_rows, collect
 from data_prep.rows import normalise_question, question_key, write_rows
 from retriever_server.passages import open_text, split_contents
+from retriever_server.settings import SHIPPED_CORPUS
 from search_rl.templates import load_template
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO_ROOT / "data" / "datasets"
-DEFAULT_CORPUS = REPO_ROOT / "data" / "corpus" / "wiki_mini.jsonl.gz"
+DEFAULT_CORPUS = SHIPPED_CORPUS
 SALT = "search-rl-default-dataset-v1"
 TEMPLATE = "search"
 COMMAND = "python -m data_prep.build_default_dataset --raw <raw snapshot>"

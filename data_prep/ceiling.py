@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from retriever_server.passages import open_text
+from retriever_server.settings import DEFAULT_URL
 from search_rl.reward.qa_em import normalize_answer
 
 if TYPE_CHECKING:
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m data_prep.ceiling", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("files", nargs="+", type=Path, help="parquet files written by qa_to_parquet")
-    ap.add_argument("--url", default="http://127.0.0.1:8000/retrieve", help="retriever endpoint")
+    ap.add_argument("--url", default=f"{DEFAULT_URL}/retrieve", help="retriever endpoint")
     ap.add_argument("--topk", type=int, default=3, help="passages that count (default: 3)")
     ap.add_argument(
         "--corpus", type=Path, default=None, help="no retriever: check the answer anywhere in this corpus jsonl(.gz)"

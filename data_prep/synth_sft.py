@@ -57,6 +57,7 @@ from data_prep.sft_surface import (
     render_turns,
     rewrite_query,
 )
+from retriever_server.settings import DEFAULT_URL
 from search_rl.reward.qa_em import normalize_answer
 from search_rl.sft.rows import read_input, write_output
 
@@ -247,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m data_prep.synth_sft", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--url", default="http://127.0.0.1:8000/retrieve", help="retriever URL (base or .../retrieve)")
+    ap.add_argument("--url", default=f"{DEFAULT_URL}/retrieve", help="retriever URL (base or .../retrieve)")
     ap.add_argument("--input", required=True, type=Path, help="question rows (parquet from qa_to_parquet)")
     ap.add_argument("--output", required=True, type=Path, help="output parquet; the manifest goes next to it")
     ap.add_argument("--topk", type=int, default=3, help="passages per search (default: 3)")

@@ -18,6 +18,13 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_CORPUS = REPO_ROOT / "data" / "corpus" / "wiki_mini.jsonl.gz"
+"""The corpus the repository ships (the server's default ``corpus_path``; data_prep builds it)."""
+DEFAULT_HOST = "127.0.0.1"
+"""Address the server binds to unless ``RETRIEVER_HOST`` says otherwise (loopback only)."""
+DEFAULT_PORT = 8000
+"""Port the server listens on unless ``RETRIEVER_PORT`` says otherwise (Search-R1's retriever uses it too)."""
+DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
+"""Base URL of a server started with the defaults on this machine: where clients look unless told otherwise."""
 DEFAULT_ENCODER = "all-MiniLM-L6-v2"
 
 
@@ -129,9 +136,9 @@ class Settings(BaseSettings):
     max_queue_wait_s: float = Field(default=20.0, gt=0)
     """A request whose estimated wait for the search worker is above this is refused at once with 503 and
     ``Retry-After``, instead of queueing past the client's timeout (the trainer's is 30 s)."""
-    host: str = "127.0.0.1"
+    host: str = DEFAULT_HOST
     """Address ``python -m retriever_server`` binds to; also accepted as a ``Host`` header."""
-    port: int = Field(default=8000, ge=0, le=65535)
+    port: int = Field(default=DEFAULT_PORT, ge=0, le=65535)
     """Port ``python -m retriever_server`` listens on."""
     allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Extra names or IPs accepted in the ``Host`` header, comma-separated (``*`` = any). Loopback names, the

@@ -50,7 +50,7 @@ from tqdm import tqdm
 
 from retriever_server.launcher import RetrieverProcess, free_port
 from retriever_server.passages import split_contents
-from retriever_server.settings import get_settings
+from retriever_server.settings import DEFAULT_PORT, SHIPPED_CORPUS, get_settings
 from search_rl.logging_setup import MESSAGE_FORMAT, configure_logging
 from search_rl.tools.compare_evals import EvalRun, load_eval, report
 
@@ -62,7 +62,7 @@ DEMO_QUERIES = [
     "What science fantasy young adult series, told in first person, has companion books about enslaved worlds?",
 ]
 DATASET_DIR = Path("data/datasets/nq_hotpotqa_mini")
-CORPUS = Path("data/corpus/wiki_mini.jsonl.gz")
+CORPUS = SHIPPED_CORPUS
 
 
 TURN_TOKENS = 64
@@ -542,7 +542,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--serve-only", action="store_true", help="only start the retriever, query it, keep serving")
     ap.add_argument("--exit", action="store_true", help="with --serve-only: stop after the demo queries")
-    ap.add_argument("--port", type=int, default=8000, help="retriever port (a free one if taken; 0 = any free port)")
+    ap.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help="retriever port (a free one if taken; 0 = any free port)"
+    )
     ap.add_argument("--topk", type=int, default=3, help="passages shown per query (--serve-only)")
     ap.add_argument("--sft-steps", type=int, default=10, help="warm-start optimizer steps")
     ap.add_argument("--sft-batch", type=int, default=8, help="warm-start trajectories per step")

@@ -45,7 +45,7 @@ from retriever_server.api.state import LoadedIndex, ProgressFn
 from retriever_server.identity import file_sha256, shards_identity
 from retriever_server.retrievers.encoder import Encoder
 from retriever_server.retrievers.sharded import merge_topk
-from retriever_server.settings import Method, Settings
+from retriever_server.settings import DEFAULT_PORT, Method, Settings
 
 logger = logging.getLogger(__name__)
 
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--address", default="auto", help="Ray cluster address (ray start --head ...)")
     ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--port", type=int, default=DEFAULT_PORT)
     ap.add_argument("--shard", action="append", required=True, help="INDEX,CORPUS[,OFFSET]; repeat per shard")
     ap.add_argument("--ingress-replicas", type=int, default=1)
     ap.add_argument("--shard-replicas", type=int, default=1)

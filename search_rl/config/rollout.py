@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from retriever_server.settings import DEFAULT_URL
 from search_rl.config.errors import ConfigError
 from search_rl.config.search_backends import RecordingConfig, SimulatedSearchConfig, WebSearchConfig, check_backend
 
@@ -23,7 +24,7 @@ class RetrieverClientConfig:
     """Search backend: ``http`` (the retriever service at ``url``), ``web`` (a web search API, ``retriever.web``),
     ``simulated`` (a language model writes the documents, ``retriever.simulated``) or ``replay`` (answers only from
     the recording ``retriever.recording.path``)."""
-    url: str = "http://127.0.0.1:8000"
+    url: str = DEFAULT_URL
     """Base URL(s) of the retriever, comma-separated for several replicas (used round-robin, with failover).
     A trailing ``/retrieve`` is accepted and stripped. Quote it on the Hydra command line:
     ``retriever.url='http://a:8000,http://b:8000'``."""
@@ -56,7 +57,7 @@ class RetrieverClientConfig:
     def __post_init__(self) -> None:
         check_backend(self.backend, self.recording)
         if not self.urls:
-            raise ValueError("retriever.url is empty; give at least one base URL such as http://127.0.0.1:8000")
+            raise ValueError(f"retriever.url is empty; give at least one base URL such as {DEFAULT_URL}")
         for name in ("topk", "max_queries_per_request", "max_concurrency"):
             if getattr(self, name) < 1:
                 raise ValueError(f"retriever.{name} must be >= 1, got {getattr(self, name)}")

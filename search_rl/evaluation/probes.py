@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 from retriever_server.index.corpus import load_corpus
 from retriever_server.passages import split_contents
+from retriever_server.settings import SHIPPED_CORPUS
 from search_rl.config import ConfigError, EvalConfig
 from search_rl.datatypes import Passage
 from search_rl.evaluation.fingerprint import describe_retriever
@@ -49,7 +50,6 @@ PROBES = ("empty", "random", "shuffled", "gold_removed", "closed_book")
 """Probe names, in report order."""
 Grounded = Literal["yes", "no", "not_measured"]
 """The verdict: EM falls with random passages (``yes``), it does not (``no``), or ``random`` did not run."""
-DEFAULT_CORPUS = "data/corpus/wiki_mini.jsonl.gz"
 DEFAULT_GOLD = "data/datasets/gold_passages.jsonl"
 EXTRA_FOR_GOLD = 10
 """Passages asked for beyond top-k by ``gold_removed``, so that k remain after the gold ones are taken out."""
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--probes", default=",".join(PROBES), help=f"comma-separated, from {','.join(PROBES)}")
-    ap.add_argument("--corpus", type=Path, default=Path(DEFAULT_CORPUS), help="corpus of the random probe")
+    ap.add_argument("--corpus", type=Path, default=SHIPPED_CORPUS, help="corpus of the random probe")
     ap.add_argument("--gold", type=Path, default=Path(DEFAULT_GOLD), help="gold passage ids of gold_removed")
     ap.add_argument("--tolerance", type=float, default=0.02, help="EM gap under which random passages flag")
     ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="main_eval overrides (configs/eval.yaml)")

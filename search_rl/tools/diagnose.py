@@ -26,6 +26,7 @@ from pathlib import Path
 
 import httpx
 
+from retriever_server.settings import DEFAULT_URL
 from search_rl.reward.search_stats import ANSWER_SOURCE_LABELS, ANSWER_SOURCES
 from search_rl.tools.compare_evals import run_folder
 from search_rl.tracking.jsonl import read_jsonl
@@ -267,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         "--retriever-url",
         action="append",
         default=None,
-        help="retriever base URL to probe (repeatable; default http://127.0.0.1:8000)",
+        help=f"retriever base URL to probe (repeatable; default {DEFAULT_URL})",
     )
     ap.add_argument(
         "--eval",
@@ -287,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         body = "\n".join(["# search-rl evaluation breakdown", "", f"`{args.eval}`", "", *eval_breakdown(metrics)])
         sys.stdout.write(body + "\n")
         return 0
-    sys.stdout.write(report(args.retriever_url or ["http://127.0.0.1:8000"]))  # the report is the program's output
+    sys.stdout.write(report(args.retriever_url or [DEFAULT_URL]))  # the report is the program's output
     return 0
 
 

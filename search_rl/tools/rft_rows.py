@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 
 from retriever_server.index.corpus import load_corpus
 from retriever_server.passages import split_contents
+from retriever_server.settings import SHIPPED_CORPUS
 from search_rl.sft.rows import read_input, write_output
 from search_rl.sft.trajectories import answer_shown, parse_turns
 from search_rl.tags import THINK_OPEN
@@ -203,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="main_eval output folder (sampled on train questions); repeat to pool several",
     )
     ap.add_argument("--questions", required=True, type=Path, help="the question parquet that evaluation read")
-    ap.add_argument("--corpus", default=Path("data/corpus/wiki_mini.jsonl.gz"), type=Path, help="the served corpus")
+    ap.add_argument("--corpus", default=SHIPPED_CORPUS, type=Path, help="the served corpus")
     ap.add_argument("--output", required=True, type=Path, help="output parquet; the manifest goes next to it")
     ap.add_argument("--max-per-question", type=int, default=4, help="distinct right trajectories kept per question")
     ap.add_argument("--without-think", action="store_true", help="leave out trajectories with a <think> turn")
