@@ -238,9 +238,10 @@ class VLLMEngineConfig:
     weights and KV cache dropped (least memory; the next weight update refills them)."""
     weight_sync: str = "auto"
     """How ``update_weights`` reaches the engine's workers: ``disk`` (safetensors in /dev/shm, reloaded in place;
-    any device), ``ipc`` (CUDA IPC handles to the engine on the same GPU; sets ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``
-    in the engine's process, docs/rollout.md "vLLM"), or ``auto`` (``disk`` on CPU, ``ipc`` on GPU). ``nccl`` is
-    refused: the sender and the engine share one GPU, where NCCL cannot run."""
+    any device), ``ipc`` (CUDA IPC handles to the engine on the same GPU; never run on a GPU in this project, and it
+    sets ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` in the engine's process, so vLLM's engine core unpickles what reaches
+    its local sockets: docs/rollout.md "vLLM"), or ``auto`` (``disk`` on every device; ``ipc`` runs only when named).
+    ``nccl`` is refused: the sender and the engine share one GPU, where NCCL cannot run."""
 
     def __post_init__(self) -> None:
         if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:

@@ -5,9 +5,9 @@ Written against vLLM's offline API (``vllm_sync.SUPPORTED_VLLM``: 0.32 and 0.33)
 ``LLM.generate(prompts=[TokensPrompt(prompt_token_ids=...)], sampling_params=[SamplingParams(...)] per prompt)``
 returning ``RequestOutput.outputs[0]`` with ``token_ids``,
 ``logprobs``, ``finish_reason`` (``"stop"``/``"length"``) and ``stop_reason`` (the matched stop string, or None for
-EOS). Weight updates go through ``vllm_sync`` (safetensors in /dev/shm + an in-place reload on CPU, vLLM's
-CUDA IPC weight transfer on GPU), then ``LLM.reset_prefix_cache()`` (cached prefixes were computed with the old
-weights).
+EOS). Weight updates go through ``vllm_sync`` (safetensors in /dev/shm + an in-place reload, on any device; vLLM's
+CUDA IPC weight transfer on GPU only with ``weight_sync=ipc``), then ``LLM.reset_prefix_cache()`` (cached prefixes
+were computed with the old weights).
 
 Log-probs are the processed (temperature-scaled) distribution's (``logprobs_mode="processed_logprobs"``), what the HF
 engine and the trainer compute.

@@ -1,19 +1,19 @@
 """Weight updates into a running ``vllm.LLM``, without pickled closures (vLLM ``SUPPORTED_VLLM``: 0.32 and 0.33).
 
-Two ways, chosen by ``rollout.vllm.weight_sync`` (``resolve_weight_sync``):
+Two ways, chosen by ``rollout.vllm.weight_sync`` (``resolve_weight_sync``; ``auto`` is ``disk`` everywhere):
 
-- ``disk`` (CPU, or anywhere): the tensors are written as one safetensors file into a fresh folder under /dev/shm
-  (memory, not disk), and every vLLM worker reloads it in place with ``reload_weights(weights_path=...)`` through
-  ``WorkerExtension.search_rl_reload_weights`` (an RPC by method name; ``vllm.LLM(worker_extension_cls=...)``).
+- ``disk`` (any device; tested on CPU): the tensors are written as one safetensors file into a fresh folder under
+  /dev/shm (memory, not disk), and every vLLM worker reloads it in place with ``reload_weights(weights_path=...)``
+  through ``WorkerExtension.search_rl_reload_weights`` (an RPC by method name; ``vllm.LLM(worker_extension_cls=...)``).
   The CPU backend repacks each linear layer's weight for its GEMM kernel after loading; a tied ``lm_head`` shares
   the embedding's tensor but keeps its own packed copy, which vLLM's layer-wise reload does not redo, so the
   extension re-runs the processing of every layer whose weight belongs to another module.
-- ``ipc`` (GPU): vLLM's weight-transfer API with CUDA IPC handles. The engine is built with
-  ``weight_transfer_config=WeightTransferConfig(backend="ipc")``; the process that holds the ``vllm.LLM`` is the
-  trainer side (``WeightTransferTrainerFactory.trainer_init``, once), on the engine's own GPU, and each update is
-  one ``send_weights()``, which drives ``start_weight_update`` / ``update_weights`` / ``finish_weight_update``.
-  The handles travel to the engine core as pickles, which vLLM's message encoder refuses unless
-  ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` (``allow_pickled_messages``).
+- ``ipc`` (GPU, only when named; it has never run on a GPU in this project): vLLM's weight-transfer API with CUDA IPC
+  handles. The engine is built with ``weight_transfer_config=WeightTransferConfig(backend="ipc")``; the process that
+  holds the ``vllm.LLM`` is the trainer side (``WeightTransferTrainerFactory.trainer_init``, once), on the engine's
+  own GPU, and each update is one ``send_weights()``, which drives ``start_weight_update`` / ``update_weights`` /
+  ``finish_weight_update``. The handles travel to the engine core as pickles, which vLLM's message encoder refuses
+  unless ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` (``allow_pickled_messages``).
 
 ``nccl`` has no layout here (the sender would share the engine's GPU) and is refused by the config.
 """
@@ -61,15 +61,16 @@ def check_vllm_version(version: str) -> None:
 
 
 def resolve_weight_sync(choice: str) -> str:
-    """``disk`` or ``ipc`` for a ``rollout.vllm.weight_sync`` value on this machine.
+    """``disk`` or ``ipc`` for a ``rollout.vllm.weight_sync`` value on this machine. ``auto`` is ``disk`` on every
+    device: ``ipc`` has never run on a GPU here and makes vLLM's engine core accept pickled messages
+    (``allow_pickled_messages``), so it runs only when named.
 
     Raises:
         ValueError: ``ipc`` without CUDA, or a value the config does not accept.
     """
-    cuda = torch.cuda.is_available()
     if choice == "auto":
-        return "ipc" if cuda else "disk"
-    if choice == "ipc" and not cuda:
+        return "disk"
+    if choice == "ipc" and not torch.cuda.is_available():
         raise ValueError("rollout.vllm.weight_sync=ipc needs CUDA; use disk (or auto) on CPU")
     if choice not in ("disk", "ipc"):
         raise ValueError(f"rollout.vllm.weight_sync must be auto, disk or ipc, got {choice!r}")

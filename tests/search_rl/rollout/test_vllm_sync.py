@@ -1,7 +1,7 @@
 """The plumbing of vLLM weight sync that needs no engine: the supported vLLM range, the weight-sync choice per
-machine, the layouts the config refuses, the opt-in to pickled messages that ``ipc`` needs, and the offline client
-that makes an in-process ``vllm.LLM`` speak vLLM's trainer-side protocol. The weight source itself is tested against
-each supported release in test_vllm_weight_source.py.
+machine (``auto`` is ``disk`` everywhere), the layouts the config refuses, the opt-in to pickled messages that
+``ipc`` needs, and the offline client that makes an in-process ``vllm.LLM`` speak vLLM's trainer-side protocol. The
+weight source itself is tested against each supported release in test_vllm_weight_source.py.
 
 Run: python -m pytest tests/search_rl/rollout/test_vllm_sync.py -q   (the vllm case needs vLLM: make install-vllm)
 """
@@ -69,12 +69,19 @@ def test_a_vllm_outside_the_supported_range_is_refused_by_name():
             check_vllm_version(version)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU choices")
-def test_weight_sync_choice_on_cpu():
+def test_weight_sync_choice_on_cpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_weight_sync("auto") == "disk"
     assert resolve_weight_sync("disk") == "disk"
     with pytest.raises(ValueError, match="weight_sync=ipc needs CUDA"):
         resolve_weight_sync("ipc")
+
+
+def test_auto_is_disk_on_a_gpu_too_and_ipc_runs_only_when_named(monkeypatch):
+    # ipc has never run on a GPU here and turns on vLLM's pickled messages: auto must not pick it
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_weight_sync("auto") == "disk"
+    assert resolve_weight_sync("ipc") == "ipc"
 
 
 def test_nccl_weight_sync_is_refused_with_what_to_use_instead():
