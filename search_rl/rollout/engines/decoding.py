@@ -3,7 +3,7 @@ copying a finished row's KV states, and the hook that may rewrite logits."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from transformers import DynamicCache, PreTrainedTokenizerBase
@@ -61,6 +61,36 @@ class StopTails:
             for k, text in zip(need, self.tokenizer.batch_decode([rows[k][-self.window :] for k in need]), strict=True):
                 out[k] = text
         return out
+
+
+MASK32 = 0xFFFFFFFF
+
+
+def _mul32(x: Any, c: int) -> Any:
+    """``(x * c) mod 2**32`` for ``x`` in [0, 2**32) without an int64 overflow (tensors and Python ints alike)."""
+    return (((x & 0xFFFF) * c) + ((((x >> 16) * c) & 0xFFFF) << 16)) & MASK32
+
+
+def hash32(x: Any) -> Any:
+    """A 32-bit integer hash (Wellons' lowbias32) of ``x`` in [0, 2**32), elementwise on int64 tensors or on an int:
+    the same bits on every device, and no random state (so it can run inside a captured graph)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def stream_key(seed: int, index: int) -> int:
+    """The sampling stream of sequence ``index`` of a call seeded ``seed`` (``counter_uniforms``)."""
+    return int(hash32(hash32(hash32(seed & MASK32) ^ ((seed >> 32) & MASK32)) ^ (index & MASK32)))
+
+
+def counter_uniforms(streams: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """One uniform draw in [0, 1) per row from its stream (R,) and its token counter (R,) (int64 tensors): a pure
+    function of the two, so a sequence's samples depend on neither the batch it shares nor the device's RNG."""
+    bits = hash32(hash32(streams ^ (counters & MASK32)) ^ 0x9E3779B9)  # (R,) in [0, 2**32)
+    return (bits >> 8).to(torch.float32) * (1.0 / (1 << 24))  # 24 bits: exact in float32, never 1.0
 
 
 def finish_reason(

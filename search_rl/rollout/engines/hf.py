@@ -9,7 +9,7 @@ is taken by a row from the end of the batch (only that row's states are copied).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
@@ -17,16 +17,18 @@ from transformers.cache_utils import DynamicLayer
 
 from search_rl.config import HFEngineConfig
 from search_rl.datatypes import Generated, SamplingParams
-from search_rl.rollout.engines.base import check_generate_args
+from search_rl.models.cache_arg import CACHE_KWARG
 from search_rl.rollout.engines.decoding import LogitsProcessor, finish_reason, row_states, sample_tokens
 from search_rl.rollout.engines.growing_cache import fill_holes, growing_cache
 from search_rl.rollout.engines.hf_session import HFSession
 from search_rl.rollout.engines.in_process import InProcessEngine
-from search_rl.rollout.engines.prefix_cache import KV, balance_reuse, common_prefix_length
-
-MIN_COMMON_PREFIX_SAVING = 64
-"""Token positions a call's common prompt prefix must save (rows beyond the first times its length) to be encoded
-on its own: below that, its extra forward costs about what it saves."""
+from search_rl.rollout.engines.packed_decode import TRANSFORMERS_PACKS_GQA, packed_decode
+from search_rl.rollout.engines.prefix_cache import (
+    KV,
+    MIN_COMMON_PREFIX_SAVING,
+    balance_reuse,
+    common_prefix_length,
+)
 
 
 class HFEngine(InProcessEngine):
@@ -48,6 +50,8 @@ class HFEngine(InProcessEngine):
     ) -> None:
         super().__init__(model, tokenizer, cfg)
         self.logits_processor = logits_processor
+        self.packed_decode = not TRANSFORMERS_PACKS_GQA
+        """Decode steps attend per KV head (``packed_decode.packed_decode``); transformers does so itself from 5.23."""
 
     @property
     def supports_sessions(self) -> bool:
@@ -66,13 +70,7 @@ class HFEngine(InProcessEngine):
             raise ValueError("HFEngine.open_session: this model's KV cache has non-dynamic layers (sliding window?)")
         return HFSession(self, params)
 
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        params: SamplingParams,
-        max_new_tokens: Sequence[int] | None = None,
-    ) -> list[Generated]:
-        limits = check_generate_args(prompts, params, max_new_tokens, self.max_model_len)
+    def _generate(self, prompts: list[list[int]], limits: list[int], params: SamplingParams) -> list[Generated]:
         gen = None
         if params.seed is not None and not params.greedy:
             gen = torch.Generator(device=self.model.device).manual_seed(params.seed)
@@ -80,26 +78,19 @@ class HFEngine(InProcessEngine):
         order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
         out: list[Generated | None] = [None] * len(prompts)
         bs = self.cfg.max_batch_size
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            for start in range(0, len(order), bs):
-                idx = order[start : start + bs]
-                results = self._generate_batch([list(prompts[i]) for i in idx], [limits[i] for i in idx], params, gen)
-                for i, r in zip(idx, results, strict=True):
-                    out[i] = r
-        finally:
-            self.model.train(was_training)
-            self.prefix.rotate()
+        for start in range(0, len(order), bs):
+            idx = order[start : start + bs]
+            results = self._generate_batch([prompts[i] for i in idx], [limits[i] for i in idx], params, gen)
+            for i, r in zip(idx, results, strict=True):
+                out[i] = r
         return [r for r in out if r is not None]
 
-    @torch.inference_mode()
     def _generate_batch(
         self, prompts: list[list[int]], limits: list[int], params: SamplingParams, gen: torch.Generator | None
     ) -> list[Generated]:
         device = self.model.device
         n = len(prompts)
-        logits, attention, last_pos, cache = self._prefill(prompts)
+        logits, attention, last_pos, cache = self.prefill(prompts)
 
         active = list(range(n))  # rows of the current batch tensors -> sample index
         tokens: list[list[int]] = [[] for _ in range(n)]
@@ -119,7 +110,9 @@ class HFEngine(InProcessEngine):
             tails = screen.tails([tokens[i] for i in active])
             keep: list[int] = []
             for row, i in enumerate(active):
-                reason, stop_str = finish_reason(tokens[i][-1], tails[row], stops, len(tokens[i]), limits[i], self._eos)
+                reason, stop_str = finish_reason(
+                    tokens[i][-1], tails[row], stops, len(tokens[i]), limits[i], self.eos_token_ids
+                )
                 if reason is None:
                     keep.append(row)
                     continue
@@ -141,10 +134,10 @@ class HFEngine(InProcessEngine):
                 noise_rows = None if in_order else torch.tensor([ranks[i] for i in active], device=device)
             attention = torch.cat([attention, attention.new_ones((len(active), 1))], dim=1)  # (R, L+1)
             last_pos = last_pos + 1
-            logits = self._forward(next_tok[:, None], attention, last_pos[:, None], cache)
+            logits = self.forward(next_tok[:, None], attention, last_pos[:, None], cache)
         return [r for r in results if r is not None]
 
-    def _prefill(
+    def prefill(
         self, prompts: list[list[int]], found: list[tuple[int, KV | None]] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache]:
         """Encode each distinct prompt once (a GRPO group's ``n`` samples share theirs) and give every row its copy;
@@ -186,7 +179,7 @@ class HFEngine(InProcessEngine):
         reused = [c for c, _ in found]
         suffixes = [p[c:] for p, c in zip(prompts, reused, strict=True)]
         n, c_max, s_max = len(prompts), max(reused), max(len(s) for s in suffixes)
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self._eos[0]
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         input_ids = torch.full((n, s_max), pad, dtype=torch.long, device=device)  # (R, S)
         positions = torch.zeros((n, s_max), dtype=torch.long, device=device)  # (R, S)
         attention = torch.zeros((n, c_max + s_max), dtype=torch.long, device=device)  # (R, C+S)
@@ -198,7 +191,7 @@ class HFEngine(InProcessEngine):
         cache = growing_cache(self.model.config)
         if c_max > 0:
             self._fill_cache(cache, found, c_max)
-        logits = self._forward(input_ids, attention, positions, cache)
+        logits = self.forward(input_ids, attention, positions, cache)
         return logits, attention, positions[:, -1], cache
 
     def _share_common_prefix(
@@ -232,8 +225,19 @@ class HFEngine(InProcessEngine):
         """Keep a finished row's KV states (its real, non-padding columns) for the next call."""
         self.prefix.add(fed, row_states(cache, attention, row, len(fed)))
 
-    def _forward(
-        self, input_ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, cache: DynamicCache
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, cache: Any
     ) -> torch.Tensor:
-        """Run the model over new tokens and return the last position's logits (R, V) in float32."""
-        return self._last_logits(input_ids, attention, positions, cache)
+        """Run the model over new tokens (R, S) with a KV cache; return the last position's logits (R, V) in
+        float32. Only that position's logits are computed (a prefill's full (R, S, V) would be GBs with a 49k
+        vocabulary); one-token steps go through ``packed_decode`` where it applies."""
+        with packed_decode(self.model, self.packed_decode and input_ids.shape[1] == 1):
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                **{CACHE_KWARG: cache},
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        return out.logits[:, -1, :].float()

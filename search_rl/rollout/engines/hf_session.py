@@ -13,19 +13,43 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import Any, Protocol, cast
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, PreTrainedModel
 
+from search_rl.config import HFEngineConfig
 from search_rl.datatypes import Generated, SamplingParams
 from search_rl.rollout.engines.base import check_generate_args
-from search_rl.rollout.engines.decoding import finish_reason, row_states, sample_tokens
+from search_rl.rollout.engines.decoding import LogitsProcessor, StopTails, finish_reason, row_states, sample_tokens
 from search_rl.rollout.engines.growing_cache import GrowingLayer, fill_holes
-from search_rl.rollout.engines.prefix_cache import KV
+from search_rl.rollout.engines.prefix_cache import KV, PrefixStore
 
-if TYPE_CHECKING:
-    from search_rl.rollout.engines.hf import HFEngine
+
+class SessionHost(Protocol):
+    """What a session needs of its engine (``HFEngine``): the model and its settings, the prefix store, and the
+    engine's prefill and one-step forward over a left-padded ``growing_cache``."""
+
+    model: PreTrainedModel
+    cfg: HFEngineConfig
+    prefix: PrefixStore
+    logits_processor: LogitsProcessor | None
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]: ...
+
+    def stop_tails(self, stops: tuple[str, ...]) -> StopTails: ...
+
+    def prefill(
+        self, prompts: list[list[int]], found: list[tuple[int, KV | None]] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache]: ...
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, cache: Any
+    ) -> torch.Tensor: ...
 
 
 @dataclass
@@ -55,7 +79,7 @@ class HFSession:
     """A ``DecodeSession`` over an ``HFEngine`` (``engine.open_session(params)``); at most
     ``engine.cfg.max_batch_size`` sequences decode at once, the rest wait in submission order."""
 
-    def __init__(self, engine: HFEngine, params: SamplingParams) -> None:
+    def __init__(self, engine: SessionHost, params: SamplingParams) -> None:
         self.engine, self.params = engine, params
         self._waiting: list[_Seq] = []
         self._batch: _Batch | None = None
@@ -89,7 +113,7 @@ class HFSession:
             b = self._batch
             b.attention = torch.cat([b.attention, b.attention.new_ones((len(b.seqs), 1))], dim=1)
             b.last_pos = b.last_pos + 1
-            logits = self.engine._forward(b.next_tok[:, None], b.attention, b.last_pos[:, None], b.cache)
+            logits = self.engine.forward(b.next_tok[:, None], b.attention, b.last_pos[:, None], b.cache)
             self._batch = self._sample(b, logits, done)
         room = self.engine.cfg.max_batch_size - (len(self._batch.seqs) if self._batch is not None else 0)
         if self._waiting and room > 0:
@@ -110,7 +134,7 @@ class HFSession:
                 found.append((len(kept[0]), kept[1]))
             else:
                 found.append(self.engine.prefix.lookup(s.prompt))
-        logits, attention, last_pos, cache = self.engine._prefill([s.prompt for s in seqs], found)
+        logits, attention, last_pos, cache = self.engine.prefill([s.prompt for s in seqs], found)
         b = _Batch(seqs, cache, attention, last_pos, last_pos.new_zeros(len(seqs)))
         return self._sample(b, logits, done)
 
@@ -129,7 +153,9 @@ class HFSession:
         tails = self._stops.tails([s.tokens for s in b.seqs])
         keep: list[int] = []
         for row, s in enumerate(b.seqs):
-            reason, stop_str = finish_reason(s.tokens[-1], tails[row], params.stop, len(s.tokens), s.limit, engine._eos)
+            reason, stop_str = finish_reason(
+                s.tokens[-1], tails[row], params.stop, len(s.tokens), s.limit, engine.eos_token_ids
+            )
             if reason is None:
                 keep.append(row)
                 continue

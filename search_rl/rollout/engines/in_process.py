@@ -1,20 +1,20 @@
 """What the two in-process engines (``hf`` and ``static``) share: a transformers model held in this process, its EOS
-ids, the prefix store of the previous call, and weight updates copied into the model's own tensors."""
+ids, the prefix store of the previous call, the ``generate`` frame (argument checks, eval and inference mode, the
+prefix store's turn), and weight updates copied into the model's own tensors."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from search_rl.config import HFEngineConfig
-from search_rl.models.cache_arg import CACHE_KWARG
+from search_rl.datatypes import Generated, SamplingParams
 from search_rl.models.weights import load_weights
+from search_rl.rollout.engines.base import check_generate_args
 from search_rl.rollout.engines.decoding import StopTails
-from search_rl.rollout.engines.packed_decode import TRANSFORMERS_PACKS_GQA, packed_decode
 from search_rl.rollout.engines.prefix_cache import PrefixStore
 
 logger = logging.getLogger(__name__)
@@ -35,7 +35,8 @@ def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, en
 
 
 class InProcessEngine:
-    """The state and the weight path of an engine that runs ``model`` in this process (subclasses add ``generate``)."""
+    """The state, the ``generate`` frame and the weight path of an engine that runs ``model`` in this process
+    (subclasses implement ``_generate``)."""
 
     def __init__(
         self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg: HFEngineConfig | None = None
@@ -48,32 +49,37 @@ class InProcessEngine:
         self.shared_prompt_tokens = 0
         """Prompt tokens not encoded because an identical prompt in the same call was (a counter for tests/logs)."""
         self._eos = eos_token_ids(model, tokenizer, type(self).__name__)
-        self.packed_decode = not TRANSFORMERS_PACKS_GQA
-        """Decode steps attend per KV head (``packed_decode.packed_decode``); transformers does so itself from 5.23."""
         self._stop_tails: dict[tuple[str, ...], StopTails] = {}
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        max_new_tokens: Sequence[int] | None = None,
+    ) -> list[Generated]:
+        """``RolloutEngine.generate``: checks the call, runs ``_generate`` in inference mode with the model in eval
+        mode (restored after), and makes this call's finished sequences the prefixes the next call may reuse."""
+        limits = check_generate_args(prompts, params, max_new_tokens, self.max_model_len)
+        if not prompts:
+            return []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                return self._generate([list(p) for p in prompts], limits, params)
+        finally:
+            self.model.train(was_training)
+            self.prefix.rotate()
+
+    def _generate(self, prompts: list[list[int]], limits: list[int], params: SamplingParams) -> list[Generated]:
+        """One ``Generated`` per prompt, in order (``prompts`` non-empty, ``limits`` checked)."""
+        raise NotImplementedError
 
     def stop_tails(self, stops: tuple[str, ...]) -> StopTails:
         """The stop-string screen for ``stops`` (built once: it decodes the vocabulary)."""
         if stops not in self._stop_tails:
             self._stop_tails[stops] = StopTails(self.tokenizer, stops)
         return self._stop_tails[stops]
-
-    def _last_logits(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, cache: Any
-    ) -> torch.Tensor:
-        """Run the model over new tokens (R, S) with the engine's cache; return the last position's logits (R, V) in
-        float32. Only that position's logits are computed (a prefill's full (R, S, V) would be GBs with a 49k
-        vocabulary); one-token steps go through ``packed_decode`` where it applies."""
-        with packed_decode(self.model, self.packed_decode and input_ids.shape[1] == 1):
-            out = self.model(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                **{CACHE_KWARG: cache},
-                use_cache=True,
-                logits_to_keep=1,
-            )
-        return out.logits[:, -1, :].float()
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:

@@ -20,6 +20,10 @@ import torch
 KV = list[tuple[torch.Tensor, torch.Tensor]]
 """Per layer: (keys, values), each (kv_heads, n, head_dim)."""
 
+MIN_COMMON_PREFIX_SAVING = 64
+"""Token positions a call's common prompt prefix must save (rows beyond the first times its length) to be encoded
+on its own: below that, its extra forward costs about what it saves."""
+
 
 @dataclass
 class PrefixStats:

@@ -1,60 +1,54 @@
-"""Static-cache generation backend: the HF engine's contract, with every decode step at fixed shapes and addresses.
+"""Static-cache generation: the HF engine's contract over a forward written for decoding (``lean_decoder``), with
+sampling and stops on the device and, on CUDA, each decode step captured once per shape and replayed.
 
-The HF engine's decode step is bound by kernel launches and Python on a GPU (~1.8k tokens/s on an H200, whatever
-the model size), not by reading the weights. This engine keeps one pre-allocated KV cache of fixed slots
-(``slot_cache.SlotCache``), so a decode step has the same shapes and tensor addresses every time; on CUDA it is
-captured once as a CUDA graph per (batch, length) bucket and replayed, one launch per token step. Prefill runs
-eagerly. Slots are refilled as sequences finish (calls larger than ``max_batch_size`` keep the batch full), a GRPO
-group's repeated prompt is encoded once and copied, and the previous call's sequences are reused as prefixes as in
-the HF engine. ``update_weights`` copies into the model's tensors in place, so captured graphs stay valid.
+A call's sequences live in the slots of one pre-allocated KV cache (``slot_cache.SlotCache``); slots ``0..live-1``
+are the running ones. A decode step runs the lean forward for those rows, samples (``sample_tokens`` with one
+counter-based uniform per row: ``decoding.counter_uniforms``), writes the token and its log-prob into per-slot
+buffers and marks EOS and length stops, all on the device. The host reads back every ``readback_steps`` steps
+(8 on CUDA, 1 on CPU, where a step past a stop costs real compute and a readback costs nothing): it checks stop
+strings on the new tokens, drops what came after a stop, stores finished sequences' KV states for the next call
+(prefix reuse), moves the last running slots into the freed ones (so the running rows stay a dense prefix) and
+prefills waiting sequences into the free slots. A GRPO group's repeated prompt is encoded once and copied, and the
+prefix every prompt of a call shares (the instruction template) once per call.
 
-Why not transformers' own paths (5.24): ``generate`` with a ``StaticCache`` and ``torch.compile(mode=
-"reduce-overhead")`` has no per-sample token limits, keeps finished rows until the whole batch ends and recompiles
-per shape; ``generate_batch`` (continuous batching) has no stop strings and no per-call seed, and returns log-probs
-after top-p filtering. Both would need the rollout's stop-string and log-prob logic re-done around them.
+On CUDA the decode step is captured as a graph per (rows bucket, width bucket, sampling settings), kept across calls
+and training steps (``sleep`` keeps them unless told to free the memory), and checked against the eager step before
+it is trusted (``step_graphs``); weights are updated in place, so the graphs stay valid.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from search_rl.config import HFEngineConfig
 from search_rl.datatypes import Generated, SamplingParams
-from search_rl.rollout.engines.base import check_generate_args
-from search_rl.rollout.engines.decoding import LogitsProcessor, finish_reason, sample_tokens
+from search_rl.rollout.engines.decoding import (
+    LogitsProcessor,
+    counter_uniforms,
+    finish_reason,
+    sample_tokens,
+    stream_key,
+)
+from search_rl.rollout.engines.growing_cache import fill_holes
 from search_rl.rollout.engines.in_process import InProcessEngine
-from search_rl.rollout.engines.slot_cache import SlotCache, WritePlan
+from search_rl.rollout.engines.lean_decoder import LeanDecoder
+from search_rl.rollout.engines.prefix_cache import MIN_COMMON_PREFIX_SAVING, common_prefix_length
+from search_rl.rollout.engines.slot_cache import SlotCache
+from search_rl.rollout.engines.step_graphs import GraphFactory, GraphMismatch, StepGraphs, mismatch_bound
 
 logger = logging.getLogger(__name__)
 
 LENGTH_QUANTUM = 128
-"""Cache lengths are rounded up to a multiple of this, so calls of similar lengths share one captured graph."""
+"""Cache lengths and (with graphs) attention widths are rounded up to a multiple of this, so calls of similar
+lengths share one cache and one captured graph."""
 
-ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
-"""Attention kernels that take the engine's explicit 4-D masks."""
-
-
-@dataclass
-class _Call:
-    """One ``generate`` call's sequences: prompts, limits, what each sampled, and the results."""
-
-    prompts: list[list[int]]
-    limits: list[int]
-    params: SamplingParams
-    gen: torch.Generator | None
-    tokens: list[list[int]] = field(default_factory=list)
-    logps: list[list[float]] = field(default_factory=list)
-    results: list[Generated | None] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        n = len(self.prompts)
-        self.tokens, self.logps, self.results = [[] for _ in range(n)], [[] for _ in range(n)], [None] * n
+GPU_READBACK_STEPS = 8
+"""Decode steps between two host readbacks on CUDA (each readback waits for the GPU)."""
 
 
 def batch_bucket(n: int, most: int) -> int:
@@ -66,19 +60,87 @@ def batch_bucket(n: int, most: int) -> int:
     return min(1 << max(n - 1, 0).bit_length(), most)
 
 
+def _round_up(n: int, quantum: int) -> int:
+    return -(-n // quantum) * quantum
+
+
+@dataclass
+class _Call:
+    """One ``generate`` call's sequences: prompts, limits, sampling streams, and what each has sampled."""
+
+    prompts: list[list[int]]
+    limits: list[int]
+    params: SamplingParams
+    streams: list[int]
+    tokens: list[list[int]] = field(default_factory=list)
+    logps: list[list[float]] = field(default_factory=list)
+    results: list[Generated | None] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = len(self.prompts)
+        self.tokens, self.logps, self.results = [[] for _ in range(n)], [[] for _ in range(n)], [None] * n
+
+
+class _DecodeState:
+    """Per-slot decode state on the device: what the captured step reads and writes.
+
+    ``tok`` is each slot's newest sampled token, to be written at cache column ``pos``; ``n_gen`` tokens are in
+    ``out_tok`` / ``out_lp``; ``done`` slots (finished on the device, or idle) no longer advance.
+    """
+
+    def __init__(self, slots: int, length: int, device: torch.device) -> None:
+        long = torch.long
+        self.tok = torch.zeros(slots, dtype=long, device=device)  # (slots,)
+        self.pos = torch.full((slots,), length - 1, dtype=long, device=device)  # (slots,) idle: the scratch column
+        self.n_gen = torch.zeros(slots, dtype=long, device=device)  # (slots,)
+        self.limit = torch.ones(slots, dtype=long, device=device)  # (slots,)
+        self.stream = torch.zeros(slots, dtype=long, device=device)  # (slots,)
+        self.done = torch.ones(slots, dtype=torch.bool, device=device)  # (slots,)
+        self.out_tok = torch.zeros((slots, length), dtype=long, device=device)  # (slots, T)
+        self.out_lp = torch.zeros((slots, length), dtype=torch.float32, device=device)  # (slots, T)
+        self.scratch = length - 1
+
+    def _tensors(self) -> list[torch.Tensor]:
+        return [self.tok, self.pos, self.n_gen, self.limit, self.stream, self.done, self.out_tok, self.out_lp]
+
+    def snapshot(self) -> Callable[[], None]:
+        """Save every tensor; the returned function puts the saved values back (in place)."""
+        saved = [t.clone() for t in self._tensors()]
+
+        def restore() -> None:
+            for t, s in zip(self._tensors(), saved, strict=True):
+                t.copy_(s)
+
+        return restore
+
+    def move(self, src: int, dst: int) -> None:
+        """Slot ``src``'s state into slot ``dst``."""
+        for t in self._tensors():
+            t[dst] = t[src]
+
+    def free(self, slot: int) -> None:
+        """Make ``slot`` idle: done, writing the scratch column."""
+        self.done[slot], self.pos[slot], self.tok[slot], self.n_gen[slot] = True, self.scratch, 0, 0
+
+
 class StaticEngine(InProcessEngine):
-    """``RolloutEngine`` over a transformers causal LM with a static KV cache and, on CUDA, CUDA-graph decoding.
+    """``RolloutEngine`` over a Llama/Qwen2 causal LM: a static KV cache, the lean forward, sampling and stops on the
+    device and, on CUDA, captured decode steps.
 
     Args:
-        model: a causal LM whose attention goes through ``Cache.update`` and takes 4-D masks (``sdpa`` or
-            ``eager`` attention: Llama, Qwen2 and most decoder-only models); its device and dtype are used as is.
-        tokenizer: the model's tokenizer (decodes the generated tail to detect stop strings).
+        model: a Llama or Qwen2 causal LM (``lean_decoder.check_supported``); its device and dtype are used as is,
+            and its q/k/v and gate/up parameters become views of fused tensors.
+        tokenizer: the model's tokenizer (decodes generated tails to detect stop strings).
         cfg: batching and context settings, shared with the HF engine (``rollout.hf``).
-        logits_processor: optional hook applied to raw logits before sampling (tests use it to script a model).
-        cuda_graphs: capture the decode step on CUDA (off: the same static-cache step runs eagerly).
+        logits_processor: optional hook applied to raw logits before sampling (tests use it to script a model);
+            with one, the host reads back every step and no graph is captured.
+        cuda_graphs: capture the decode step on CUDA (off: the same step runs eagerly).
+        graph_factory: makes the captured-step objects (tests give a stand-in, which also captures on CPU).
+        readback_steps: decode steps between host readbacks (None: 8 on CUDA, 1 elsewhere).
+        free_on_sleep: ``sleep`` frees the cache and the graphs (off: they stay, captured once for the whole run).
 
     Raises:
-        ValueError: the model's attention implementation takes no explicit 4-D mask, or no EOS token is defined.
+        ValueError: the model is not one the lean forward models, or no EOS token is defined.
     """
 
     def __init__(
@@ -88,215 +150,308 @@ class StaticEngine(InProcessEngine):
         cfg: HFEngineConfig | None = None,
         logits_processor: LogitsProcessor | None = None,
         cuda_graphs: bool = True,
+        graph_factory: GraphFactory | None = None,
+        readback_steps: int | None = None,
+        free_on_sleep: bool = False,
     ) -> None:
-        attention = getattr(model.config, "_attn_implementation", "sdpa")
-        if attention not in ATTENTION_IMPLEMENTATIONS:
-            raise ValueError(
-                f"StaticEngine: attention {attention!r} takes no explicit 4-D mask; load the model with "
-                f"attn_implementation in {ATTENTION_IMPLEMENTATIONS}, or use rollout.engine=hf"
-            )
         super().__init__(model, tokenizer, cfg)
+        self.decoder = LeanDecoder(model, self.max_model_len + 1)  # + the scratch column's position
         self.logits_processor = logits_processor
-        self.cuda_graphs = cuda_graphs
-        self.captures = 0
-        """CUDA graphs captured so far (a counter for tests/logs)."""
+        self.device = model.device
+        on_cuda = self.device.type == "cuda"
+        self.use_graphs = cuda_graphs and (on_cuda or graph_factory is not None) and logits_processor is None
+        layers = len(self.decoder.layers)
+        self.graphs = StepGraphs(graph_factory, mismatch_bound(model.dtype, layers), self.device)
+        self.readback_steps = readback_steps or (GPU_READBACK_STEPS if on_cuda else 1)
+        if self.readback_steps < 1:
+            raise ValueError(f"StaticEngine: readback_steps must be >= 1, got {self.readback_steps}")
+        self.free_on_sleep = free_on_sleep
+        self.graph_fallbacks = 0
+        """Calls redone eagerly because a captured step failed its check."""
+        self._eos_ids = torch.tensor(self.eos_token_ids, device=self.device)
         self._cache: SlotCache | None = None
-        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self._pool: Any = None  # the graphs' shared memory pool (torch.cuda.graph_pool_handle)
+        self._state: _DecodeState | None = None
+        self._rows = torch.arange(0, device=self.device)
+
+    @property
+    def captures(self) -> int:
+        """Decode steps captured so far."""
+        return self.graphs.captures
 
     def sleep(self) -> None:
-        """Free the KV cache and the captured graphs (the trainer's update needs the memory); the next call
-        allocates and captures again."""
-        self._cache, self._graphs, self._pool = None, {}, None
+        """Before a training update: free the KV cache and its graphs if ``free_on_sleep`` (else keep them: a
+        captured graph costs its capture once per run, not once per step)."""
+        if self.free_on_sleep:
+            self._drop_cache()
 
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        params: SamplingParams,
-        max_new_tokens: Sequence[int] | None = None,
-    ) -> list[Generated]:
-        limits = check_generate_args(prompts, params, max_new_tokens, self.max_model_len)
-        gen = None
-        if params.seed is not None and not params.greedy:
-            gen = torch.Generator(device=self.model.device).manual_seed(params.seed)
-        call = _Call([list(p) for p in prompts], limits, params, gen)
-        slots = batch_bucket(len(prompts), self.cfg.max_batch_size)
-        need = max(len(p) + n for p, n in zip(prompts, limits, strict=True)) + 1  # + the scratch column
-        length = min(-(-need // LENGTH_QUANTUM) * LENGTH_QUANTUM, self.max_model_len + 1)
-        was_training = self.model.training
-        self.model.eval()
+    def _drop_cache(self) -> None:
+        self.graphs.drop()
+        self._cache, self._state = None, None
+
+    # --- a call ----------------------------------------------------------------------------------------------
+
+    def _generate(self, prompts: list[list[int]], limits: list[int], params: SamplingParams) -> list[Generated]:
+        if not self.decoder.intact():  # something moved the parameters (a .to(), a reassigned .data)
+            self.decoder.rebind()
+            self._drop_cache()
+            self.prefix.clear()  # states computed with the tensors it held before
+        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()))
+        streams = [stream_key(seed, i) for i in range(len(prompts))]
         try:
-            with torch.inference_mode():
-                self._run(call, slots, length)
-        finally:
-            self.model.train(was_training)
-            self.prefix.rotate()
+            return self._run(_Call(prompts, limits, params, streams))
+        except GraphMismatch as e:
+            logger.warning("StaticEngine on %s: %s; decoding eagerly from now on (the call is redone)", self.device, e)
+            self.use_graphs = False
+            self.graph_fallbacks += 1
+            self._drop_cache()
+            self.prefix.clear()  # states written by the failed graph are not trusted
+            return self._run(_Call(prompts, limits, params, streams))
+
+    def _run(self, call: _Call) -> list[Generated]:
+        """Decode every sequence of ``call``, refilling slots as sequences finish."""
+        n = len(call.prompts)
+        cap = batch_bucket(n, self.cfg.max_batch_size) if self.use_graphs else min(n, self.cfg.max_batch_size)
+        need = max(len(p) + k for p, k in zip(call.prompts, call.limits, strict=True)) + 1  # + the scratch column
+        length = min(_round_up(need, LENGTH_QUANTUM), self.max_model_len + 1)
+        self._reserve(cap, length)
+        queue = sorted(range(n), key=lambda i: len(call.prompts[i]))  # popped longest first
+        assert self._cache is not None
+        owner: list[int | None] = [None] * self._cache.slots  # slot -> sequence; slots 0..live-1 are running
+        live = 0
+        eager_readback = self.readback_steps == 1 or self.logits_processor is not None
+        while queue or live:
+            live = self._admit(call, queue, owner, live, cap)
+            if eager_readback:  # the hook needs the first tokens; a row that ended on its first token leaves now
+                live = self._collect(call, owner, live)
+            self._decode_block(call, owner, live)
+            live = self._collect(call, owner, live)
         return [r for r in call.results if r is not None]
 
-    def _run(self, call: _Call, slots: int, length: int) -> None:
-        """Decode every sequence of ``call``, refilling slots as sequences finish."""
-        cache = self._reserve(slots, length)
-        queue = sorted(range(len(call.prompts)), key=lambda i: len(call.prompts[i]))  # popped longest first
-        owner: list[int | None] = [None] * slots  # slot -> sequence
-        tok, pos = [0] * slots, [length - 1] * slots  # next decode input per slot; idle slots write the scratch
-        self._admit(call, cache, queue, owner, tok, pos, length)
-        device = self.model.device
-        while any(o is not None for o in owner):
-            self._tok[:slots].copy_(torch.tensor(tok, device=device))
-            self._pos[:slots].copy_(torch.tensor(pos, device=device))
-            logits = self._decode(slots, length)  # (slots, V)
-            live = [s for s in range(slots) if owner[s] is not None]
-            rows = logits if len(live) == slots else logits[torch.tensor(live, device=device)]
-            self._advance(call, cache, live, rows, owner, tok, pos, length)
-            self._admit(call, cache, queue, owner, tok, pos, length)
+    def _reserve(self, slots: int, length: int) -> None:
+        """The cache and decode state, reallocated (dropping captured graphs) when smaller than asked."""
+        cache = self._cache
+        if cache is not None and cache.slots >= slots and cache.length >= length:
+            return
+        have = (cache.slots, cache.length) if cache is not None else (0, 0)
+        self._drop_cache()  # free the old buffers and the graphs reading them first
+        slots, length = max(slots, have[0]), max(length, have[1])
+        self._cache = SlotCache(self.model.config, slots, length, self.model.dtype, self.device)
+        self._state = _DecodeState(slots, length, self.device)
+        self._rows = torch.arange(slots, device=self.device)
+        logger.debug("StaticEngine cache on %s: %d slots x %d columns", self.device, slots, length)
 
-    def _reserve(self, slots: int, length: int) -> SlotCache:
-        """The cache, reallocated (dropping captured graphs) when it has fewer slots or columns than asked."""
-        if self._cache is None or self._cache.slots < slots or self._cache.length < length:
-            have = (self._cache.slots, self._cache.length) if self._cache is not None else (0, 0)
-            # free the old buffers and the graphs reading them first; their pool goes too (capturing into a pool whose
-            # graphs were all freed trips an assert in CUDA's caching allocator)
-            self._cache, self._graphs, self._pool = None, {}, None
-            new_slots, new_length = max(slots, have[0]), max(length, have[1])
-            device, dtype = self.model.device, self.model.dtype
-            cache = SlotCache(self.model.config, new_slots, new_length, dtype, device)
-            self._cache = cache
-            self._tok = torch.zeros(new_slots, dtype=torch.long, device=device)  # (slots,) decode inputs
-            self._pos = torch.zeros(new_slots, dtype=torch.long, device=device)  # (slots,) their columns
-            self._slot_ids = torch.arange(new_slots, device=device)
-            self._columns = torch.arange(new_length, device=device)
-            logger.debug("StaticEngine cache: %d slots x %d columns", new_slots, new_length)
-        return self._cache
+    # --- prefill ---------------------------------------------------------------------------------------------
 
-    def _admit(
-        self,
-        call: _Call,
-        cache: SlotCache,
-        queue: list[int],
-        owner: list[int | None],
-        tok: list[int],
-        pos: list[int],
-        length: int,
-    ) -> None:
-        """Prefill waiting sequences into free slots and sample their first tokens (repeat while some finish at
-        once and sequences still wait)."""
-        while queue and None in owner:
-            free = [s for s, o in enumerate(owner) if o is None]
-            admitted = [(free[k], queue.pop()) for k in range(min(len(free), len(queue)))]
-            for slot, seq in admitted:
-                owner[slot] = seq
-            logits = self._prefill(call, cache, admitted, length)
-            self._advance(call, cache, [s for s, _ in admitted], logits, owner, tok, pos, length)
+    def _admit(self, call: _Call, queue: list[int], owner: list[int | None], live: int, cap: int) -> int:
+        """Prefill waiting sequences into the free slots ``live..cap-1`` and sample their first tokens; returns the
+        new number of running slots."""
+        k = min(cap - live, len(queue))
+        if k == 0:
+            return live
+        admitted = [(live + j, queue.pop()) for j in range(k)]
+        for slot, seq in admitted:
+            owner[slot] = seq
+        logits = self._prefill(call, admitted)  # (k, V)
+        st = self._state
+        assert st is not None
+        rows = torch.tensor([s for s, _ in admitted], device=self.device)
+        st.pos[rows] = torch.tensor([len(call.prompts[i]) - 1 for _, i in admitted], device=self.device)
+        st.limit[rows] = torch.tensor([call.limits[i] for _, i in admitted], device=self.device)
+        st.stream[rows] = torch.tensor([call.streams[i] for _, i in admitted], device=self.device)
+        st.n_gen[rows], st.done[rows] = 0, False
+        if self.logits_processor is not None:
+            logits = self.logits_processor([call.prompts[i] for _, i in admitted], [[] for _ in admitted], logits)
+        self._sample_advance(logits, rows, call.params)
+        return live + k
 
-    def _prefill(self, call: _Call, cache: SlotCache, admitted: list[tuple[int, int]], length: int) -> torch.Tensor:
-        """Encode the admitted sequences' prompts into their slots; return each one's last logits (R, V).
+    def _prefill(self, call: _Call, admitted: list[tuple[int, int]]) -> torch.Tensor:
+        """Encode the admitted sequences' prompts into their slots; return each one's last logits (k, V).
 
-        A prompt repeated within ``admitted`` is encoded once and its states copied to the other slots. Each
-        encoded row is left-padded (padding writes the scratch column), so its last column is its last token.
+        A prompt repeated within ``admitted`` is encoded once and its states copied; reused states (the prefix store,
+        the call's common prefix) are put in the slots first, and only the rest is encoded, left-padded (padding
+        writes the scratch column).
         """
+        cache = self._cache
+        assert cache is not None
         first: dict[tuple[int, ...], int] = {}
         index = [first.setdefault(tuple(call.prompts[seq]), k) for k, (_, seq) in enumerate(admitted)]
         distinct = sorted(set(index))
         encoded = [admitted[k] for k in distinct]
-        found = [self.prefix.lookup(call.prompts[seq]) if self.cfg.prefix_cache else (0, None) for _, seq in encoded]
-        self.prefix.count(found)
-        for (slot, _), (_, kv) in zip(encoded, found, strict=True):
-            if kv is not None:
-                cache.write_slot(slot, kv)
-        suffixes = [call.prompts[seq][c:] for (_, seq), (c, _) in zip(encoded, found, strict=True)]
-        device, width = self.model.device, max(len(s) for s in suffixes)
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self._eos[0]
-        input_ids = torch.full((len(encoded), width), pad, dtype=torch.long, device=device)  # (R, S)
-        cols = torch.full((len(encoded), width), length - 1, dtype=torch.long, device=device)  # (R, S)
-        for r, (suffix, (c, _)) in enumerate(zip(suffixes, found, strict=True)):
-            input_ids[r, width - len(suffix) :] = torch.tensor(suffix, device=device)
-            cols[r, width - len(suffix) :] = torch.arange(c, c + len(suffix), device=device)
-        rows = torch.tensor([slot for slot, _ in encoded], device=device)
-        logits = self._forward(input_ids, cols, WritePlan(rows, cols, length, dense=False), cache)  # (R_d, V)
-        where = {k: r for r, k in enumerate(distinct)}
+        prompts = [call.prompts[seq] for _, seq in encoded]
+        reused = self._place_reused(prompts, [slot for slot, _ in encoded]) if self.cfg.prefix_cache else None
+        starts = reused or [0] * len(encoded)
+        suffixes = [p[c:] for p, c in zip(prompts, starts, strict=True)]
+        logits = self._encode([slot for slot, _ in encoded], suffixes, starts)
         for k, (slot, seq) in enumerate(admitted):
             if index[k] != k:
                 cache.copy_slot(admitted[index[k]][0], slot, len(call.prompts[seq]))
                 self.shared_prompt_tokens += len(call.prompts[seq])
-        return logits[torch.tensor([where[i] for i in index], device=device)]
+        where = {k: r for r, k in enumerate(distinct)}
+        return logits[torch.tensor([where[i] for i in index], device=self.device)]
 
-    def _forward(self, input_ids: torch.Tensor, cols: torch.Tensor, plan: WritePlan, cache: SlotCache) -> torch.Tensor:
-        """Run the model over new tokens at cache columns ``cols`` (R, S) (= their positions); return the last
-        position's logits (R, V) in float32. Query ``i`` of a row sees that row's columns ``<= cols[i]``."""
-        cache.plan = plan
-        visible = self._columns[: plan.length] <= cols[:, :, None]  # (R, S, L)
-        mask = torch.zeros(visible.shape, dtype=self.model.dtype, device=visible.device)
-        mask = mask.masked_fill(~visible, torch.finfo(self.model.dtype).min)[:, None]  # (R, 1, S, L) additive
-        return self._last_logits(input_ids, mask, cols, cache)
+    def _place_reused(self, prompts: list[list[int]], slots: list[int]) -> list[int]:
+        """Write each prompt's reusable states into its slot: the longest stored prefix (the previous call's
+        sequences), or the call's common prefix where that is longer, encoded once and copied. Returns the tokens
+        reused per prompt."""
+        cache = self._cache
+        assert cache is not None
+        found = [self.prefix.lookup(p) for p in prompts]
+        self.prefix.count(found)
+        common = min(common_prefix_length(prompts), min(len(p) for p in prompts) - 1) if len(prompts) > 1 else 0
+        takers = [k for k, (c, _) in enumerate(found) if c < common]
+        if len(takers) < 2 or (len(takers) - 1) * common < MIN_COMMON_PREFIX_SAVING:
+            takers = []
+        for k, (_, kv) in enumerate(found):
+            if kv is not None and k not in takers:
+                cache.write_slot(slots[k], kv)
+        if takers:
+            self._encode([slots[takers[0]]], [prompts[takers[0]][:common]], [0])
+            for k in takers[1:]:
+                cache.copy_slot(slots[takers[0]], slots[k], common)
+            self.prefix.stats.common_tokens += common * len(takers)
+            self.prefix.stats.reused_tokens += common * len(takers)
+        return [common if k in takers else c for k, (c, _) in enumerate(found)]
 
-    def _decode_step(self, slots: int, length: int) -> torch.Tensor:
-        """One token for every slot from ``self._tok`` at columns ``self._pos``: logits (slots, V)."""
-        assert self._cache is not None
-        tok, pos = self._tok[:slots, None], self._pos[:slots, None]  # (slots, 1) each
-        return self._forward(tok, pos, WritePlan(self._slot_ids[:slots], pos, length, dense=True), self._cache)
+    def _encode(self, slots: list[int], suffixes: list[list[int]], starts: list[int]) -> torch.Tensor:
+        """Run ``suffixes`` (each continuing its slot from column ``starts[r]``) through the model, left-padded;
+        return each row's last logits (R, V)."""
+        cache = self._cache
+        assert cache is not None
+        device, width = self.device, max(len(s) for s in suffixes)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_token_ids[0]
+        input_ids = torch.full((len(slots), width), pad, dtype=torch.long, device=device)  # (R, S)
+        positions = torch.zeros((len(slots), width), dtype=torch.long, device=device)  # (R, S)
+        cols = torch.full((len(slots), width), cache.scratch, dtype=torch.long, device=device)  # (R, S)
+        for r, (suffix, c) in enumerate(zip(suffixes, starts, strict=True)):
+            input_ids[r, width - len(suffix) :] = torch.tensor(suffix, device=device)
+            positions[r, width - len(suffix) :] = torch.arange(c, c + len(suffix), device=device)
+            cols[r, width - len(suffix) :] = positions[r, width - len(suffix) :]
+        span = max(c + len(s) for c, s in zip(starts, suffixes, strict=True))
+        rows = torch.tensor(slots, device=device)
+        return self.decoder.forward(input_ids, positions, cache, rows, cols, span)
 
-    def _decode(self, slots: int, length: int) -> torch.Tensor:
-        """The decode step: replayed from a CUDA graph on CUDA (captured on first use), else run eagerly."""
-        if self.model.device.type != "cuda" or not self.cuda_graphs:
-            return self._decode_step(slots, length)
-        key = (slots, length)
-        if key not in self._graphs:
-            self._graphs[key] = self._capture(slots, length)
-        graph, logits = self._graphs[key]
-        graph.replay()
-        return logits
+    # --- decode ----------------------------------------------------------------------------------------------
 
-    def _capture(self, slots: int, length: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        """Capture the decode step as a CUDA graph. The warm-up runs compute the very step the replay computes,
-        so the KV columns they write hold the same values the replay writes again."""
-        stream = torch.cuda.Stream(device=self.model.device)
-        stream.wait_stream(torch.cuda.current_stream(self.model.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._decode_step(slots, length)
-        torch.cuda.current_stream(self.model.device).wait_stream(stream)
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            logits = self._decode_step(slots, length)
-        self.captures += 1
-        logger.debug("StaticEngine captured the decode step for %d slots x %d columns", slots, length)
-        return graph, logits
+    def _decode_block(self, call: _Call, owner: list[int | None], live: int) -> None:
+        """Up to ``readback_steps`` decode steps of the running slots, nothing read back."""
+        if live == 0:
+            return
+        cache = self._cache
+        assert cache is not None
+        steps = self.readback_steps if self.logits_processor is None else 1
+        ahead = [
+            len(call.prompts[i]) + min(len(call.tokens[i]) + steps, call.limits[i])
+            for i in (owner[s] for s in range(live))
+            if i is not None
+        ]
+        width = max(ahead)  # every column a running row writes in this block, plus one
+        rows = live
+        if self.use_graphs:
+            rows = batch_bucket(live, cache.slots)
+            width = min(_round_up(width, LENGTH_QUANTUM), cache.length)
+        for _ in range(steps):
+            self._step(call, owner, rows, width)
 
-    def _advance(
-        self,
-        call: _Call,
-        cache: SlotCache,
-        live: list[int],
-        logits: torch.Tensor,
-        owner: list[int | None],
-        tok: list[int],
-        pos: list[int],
-        length: int,
-    ) -> None:
-        """Sample one token for each slot in ``live`` from its logits row (R, V); finish or queue the next step."""
-        seqs = [owner[s] for s in live]
-        assert all(i is not None for i in seqs)
-        ids: list[int] = [i for i in seqs if i is not None]
-        params = call.params
+    def _step(self, call: _Call, owner: list[int | None], rows: int, width: int) -> None:
+        """One token for slots ``0..rows-1`` (idle and finished ones compute and write nothing that is read)."""
+        st, cache, params = self._state, self._cache, call.params
+        assert st is not None and cache is not None
+        index = self._rows[:rows]
+        tok, pos = st.tok[:rows, None], st.pos[:rows, None]  # (rows, 1) each
+
+        def step() -> torch.Tensor:
+            logits = self.decoder.forward(tok, pos, cache, None, pos, width)  # (rows, V)
+            self._sample_advance(logits, index, params)
+            return logits
+
         if self.logits_processor is not None:
-            logits = self.logits_processor([call.prompts[i] for i in ids], [call.tokens[i] for i in ids], logits)
-        next_tok, next_lp = sample_tokens(logits, params, call.gen)  # (R,), (R,)
-        for i, t, lp in zip(ids, next_tok.tolist(), next_lp.tolist(), strict=True):
-            call.tokens[i].append(t)
-            call.logps[i].append(lp)
-        tails = self.stop_tails(params.stop).tails([call.tokens[i] for i in ids])
-        for row, (slot, i) in enumerate(zip(live, ids, strict=True)):
-            reason, stop_str = finish_reason(
-                call.tokens[i][-1], tails[row], params.stop, len(call.tokens[i]), call.limits[i], self._eos
+            logits = self.decoder.forward(tok, pos, cache, None, pos, width)
+            ids = [owner[s] for s in range(rows)]
+            logits = self.logits_processor(
+                [call.prompts[i] if i is not None else [] for i in ids],
+                [call.tokens[i] if i is not None else [] for i in ids],
+                logits,
             )
-            fed = len(call.prompts[i]) + len(call.tokens[i]) - 1  # the newest token is not in the cache yet
+            self._sample_advance(logits, index, params)
+        elif self.use_graphs:
+            key = (rows, width, params.greedy, params.temperature, params.top_p, params.top_k)
+            self.graphs.run(key, step, st.snapshot, lambda: st.tok[:rows])
+        else:
+            step()
+
+    def _sample_advance(self, logits: torch.Tensor, rows: torch.Tensor, params: SamplingParams) -> None:
+        """Sample one token for each slot in ``rows`` (R,) from its logits (R, V), record it, and mark EOS and length
+        stops, all on the device (no host sync: this runs inside a captured step)."""
+        st = self._state
+        assert st is not None
+        n = st.n_gen[rows]  # (R,)
+        live = ~st.done[rows]  # (R,)
+        uniforms = None if params.greedy else counter_uniforms(st.stream[rows], n)
+        tok, lp = sample_tokens(logits, params, None, uniforms)  # (R,), (R,)
+        col = n.clamp(max=st.out_tok.shape[1] - 1)
+        st.out_tok[rows, col] = torch.where(live, tok, st.out_tok[rows, col])
+        st.out_lp[rows, col] = torch.where(live, lp, st.out_lp[rows, col])
+        n = n + live.long()
+        finished = live & (torch.isin(tok, self._eos_ids) | (n >= st.limit[rows]))
+        st.n_gen[rows] = n
+        st.done[rows] = st.done[rows] | finished
+        st.pos[rows] = torch.where(live, st.pos[rows] + 1, st.pos[rows])  # the new token goes to the next column
+        st.tok[rows] = torch.where(live, tok, st.tok[rows])
+
+    # --- readback --------------------------------------------------------------------------------------------
+
+    def _collect(self, call: _Call, owner: list[int | None], live: int) -> int:
+        """Read the running slots' new tokens, finish the sequences that ended (EOS, length, or a stop string
+        found now), keep their states for the next call, and compact the running slots; returns how many run."""
+        st, cache = self._state, self._cache
+        assert st is not None and cache is not None
+        if live == 0:
+            return 0
+        ids = [owner[s] for s in range(live)]
+        assert all(i is not None for i in ids)
+        seqs = [i for i in ids if i is not None]
+        n_gen = st.n_gen[:live].tolist()
+        have = [len(call.tokens[i]) for i in seqs]
+        lo, hi = min(have), max(n_gen)
+        toks = st.out_tok[:live, lo:hi].tolist()
+        lps = st.out_lp[:live, lo:hi].tolist() if call.params.logprobs else None
+        finished = []
+        for s, i in enumerate(seqs):
+            call.tokens[i] += toks[s][have[s] - lo : n_gen[s] - lo]
+            if lps is not None:
+                call.logps[i] += lps[s][have[s] - lo : n_gen[s] - lo]
+            if self._finish(call, i, have[s]):
+                finished.append(s)
+                if self.cfg.prefix_cache:
+                    fed = call.prompts[i] + call.tokens[i][:-1]
+                    self.prefix.add(fed, cache.read_slot(s, len(fed)))
+        if not finished:
+            return live
+        keep = [s for s in range(live) if s not in set(finished)]
+        for dst, src in enumerate(fill_holes(keep, live)):
+            moved = owner[src]
+            if src != dst and moved is not None:
+                cache.copy_slot(src, dst, len(call.prompts[moved]) + len(call.tokens[moved]) - 1)
+                st.move(src, dst)
+                owner[dst] = moved
+        for s in range(len(keep), live):
+            owner[s] = None
+            st.free(s)
+        return len(keep)
+
+    def _finish(self, call: _Call, i: int, start: int) -> bool:
+        """Whether sequence ``i`` ended at one of its tokens from ``start`` on; if so cut what follows and record
+        its result."""
+        tokens, params = call.tokens[i], call.params
+        screen = self.stop_tails(params.stop)
+        for j in range(start, len(tokens)):
+            tail = screen.tails([tokens[max(0, j + 1 - screen.window) : j + 1]])[0]
+            reason, stop_str = finish_reason(tokens[j], tail, params.stop, j + 1, call.limits[i], self.eos_token_ids)
             if reason is None:
-                tok[slot], pos[slot] = call.tokens[i][-1], fed
                 continue
+            del tokens[j + 1 :]
+            del call.logps[i][j + 1 :]
             lp = tuple(call.logps[i]) if params.logprobs else None
-            call.results[i] = Generated(tuple(call.tokens[i]), reason, stop_str, lp)
-            if self.cfg.prefix_cache:
-                self.prefix.add(call.prompts[i] + call.tokens[i][:-1], cache.read_slot(slot, fed))
-            owner[slot], tok[slot], pos[slot] = None, 0, length - 1
+            call.results[i] = Generated(tuple(tokens), reason, stop_str, lp)
+            return True
+        return False

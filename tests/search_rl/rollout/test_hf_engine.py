@@ -182,8 +182,8 @@ def test_a_prompt_without_stored_prefix_makes_the_batch_span_its_longest_prompt(
     other = prompts[2] + prompts[2][:7]  # no stored prefix: encodes all its tokens, more than long_turn's new ones
     batch = [long_turn, other]
     widths: list[int] = []
-    forward = cached._forward
-    cached._forward = lambda ids, att, pos, cache: widths.append(att.shape[1]) or forward(ids, att, pos, cache)
+    forward = cached.forward
+    cached.forward = lambda ids, att, pos, cache: widths.append(att.shape[1]) or forward(ids, att, pos, cache)
     out = cached.generate(batch, params)
     assert widths[0] == max(len(p) for p in batch)
     assert 0 < len(long_turn) - len(other) < len(prompts[0]) + 4
@@ -201,8 +201,8 @@ def test_a_common_prompt_prefix_is_encoded_once(tiny_model, tokenizer):
     params = SamplingParams(max_new_tokens=6, greedy=True)
     engine = HFEngine(tiny_model, tokenizer)
     forwards: list[tuple[int, int]] = []
-    forward = engine._forward
-    engine._forward = lambda ids, att, pos, cache: forwards.append(tuple(ids.shape)) or forward(ids, att, pos, cache)
+    forward = engine.forward
+    engine.forward = lambda ids, att, pos, cache: forwards.append(tuple(ids.shape)) or forward(ids, att, pos, cache)
     out = engine.generate(prompts, params)
     n = common_prefix_length(prompts)
     assert n >= len(template[0]) - 1
