@@ -2,8 +2,10 @@
 
 What runs: ``main_ppo`` GRPO steps with FSDP2 on NCCL (one rank, in this process: ``trainer.use_ray=false``; with
 ``--ray`` in a Ray actor holding the GPU, as a user starts it: ``trainer.use_ray=true``), bf16 compute over fp32 master
-weights, the HF engine on CUDA, a model of a real architecture with random weights (no weights need to be on the
-machine) and the BM25 retriever server. Then:
+weights, the rollout engine ``rollout.engine=auto`` picks (the check names none: vLLM where it is installed, else the
+static engine with CUDA-graph decoding on a GPU, as on a bare machine, and the HF engine with ``--device cpu``), a model
+of a real architecture with random weights (no weights need to be on the machine) and the BM25 retriever server.
+Then:
 
 1. **weights changed**: the last checkpoint against the initial weights (a fraction of the elements);
 2. **resume**: ``main_ppo`` again with one more step resumes from that checkpoint (its history continues at the
@@ -365,7 +367,12 @@ def step_table(history: list[dict[str, float]], n_params: int, peak: float | Non
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--wheels", type=Path, action="append", help="install this folder's wheels first (repeatable)")
-    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument(
+        "--device",
+        choices=["cuda", "cpu"],
+        default="cuda",
+        help="cuda: NCCL, bf16, the static engine; cpu: gloo, fp32, the HF engine (vLLM instead where installed)",
+    )
     ap.add_argument("--ray", action="store_true", help="main_ppo with trainer.use_ray=true (make gpu-wheels-ray)")
     ap.add_argument("--tokenizer", type=Path, default=None, help="a saved tokenizer folder (default: SmolLM2's)")
     ap.add_argument("--arch", choices=sorted(ARCHS), default="smollm2-135m")
@@ -376,7 +383,12 @@ def main() -> None:
     ap.add_argument("--micro", type=int, default=None, help="samples per forward pass (cuda 16, cpu 4)")
     ap.add_argument("--levers", action="store_true", help="then one update with and without the speed levers")
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--override", action="append", default=[], help="extra Hydra overrides (repeatable)")
+    ap.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        help="extra Hydra overrides (repeatable), e.g. actor_rollout_ref.rollout.engine=hf",
+    )
     args = ap.parse_args()
     if args.wheels:
         install_wheels(args.wheels)  # does not return
