@@ -96,6 +96,19 @@ def build_rollout_batch(tokenizer: PreTrainedTokenizerBase) -> TrainBatch:
     return compute_advantages(batch, ALGO, None)[0]
 
 
+def gradient_terms(batch: TrainBatch) -> int:
+    """The terms summed into one weight-gradient entry (one per real token of ``batch``), for the reordering bounds
+    of ``tests/numerics.py``; also what the loss and other per-token means sum."""
+    return int(batch.attention_mask.sum())
+
+
+def logprob_terms(batch: TrainBatch) -> int:
+    """The longest reduction feeding one log-prob, entropy or value of ``batch``: attention over its columns (the
+    tiny model's hidden and MLP widths are shorter, and the vocabulary's log-sum-exp is pairwise-summed, so its
+    rounding grows with log2 of the vocabulary, not with its size)."""
+    return int(batch.attention_mask.shape[1])
+
+
 def whole(t: torch.Tensor) -> torch.Tensor:
     """The whole tensor behind a (possibly FSDP2-sharded) parameter or gradient, detached, on CPU."""
     full = getattr(t, "full_tensor", None)
