@@ -6,16 +6,31 @@ filled (``rollout.engine=auto`` from whether vLLM is installed and runs the mode
 ``critic.enable`` from what the estimator needs, ``algorithm.tis_cap`` from whether the sampler is the trainer). It
 runs before Ray starts, so a wrong name fails in a second with the key named. The config dataclasses themselves hold
 data and range checks only, and never import the registries.
+
+Once the engine and the device are known, a rollout setting that cannot apply where it runs is never dropped
+silently (``check_engine_settings``): it is refused with a ``ConfigError`` when the user named both it and the engine,
+and warned about once when ``engine=auto`` made the choice or the setting only partly applies.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from search_rl.algorithms import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, estimator_needs
-from search_rl.config import AlgorithmConfig, ConfigError, EvalConfig, PPOConfig, RewardConfig
+from search_rl.config import (
+    AlgorithmConfig,
+    ConfigError,
+    EngineRolloutConfig,
+    EvalConfig,
+    HFEngineConfig,
+    PPOConfig,
+    RewardConfig,
+    SFTConfig,
+    VLLMEngineConfig,
+)
 from search_rl.config.loading import compose_config, to_typed
 from search_rl.config.ppo import DEFAULT_GROUP_SIZE, DEFAULT_TIS_CAP
 from search_rl.registry import Registry
@@ -55,20 +70,103 @@ def resolve(cfg: C) -> C:
     reward = getattr(cfg, "reward", None)
     if isinstance(reward, RewardConfig):
         check_reward_names(reward)
-    if isinstance(cfg, PPOConfig):
+    if isinstance(cfg, PPOConfig | SFTConfig):
         device = cfg.trainer.device
-        resolve_engine(cfg.actor_rollout_ref.rollout, cfg.model.path, device == "cuda" or device == "auto" and _cuda())
+        gpu = device == "cuda" or device == "auto" and _cuda()
+        # with auto, the engines run on the GPUs the Ray cluster has: only a local cluster is known to be this machine
+        on_cpu = device == "cpu" or device == "auto" and not gpu and cfg.trainer.ray_address is None
+        rollout = cfg.actor_rollout_ref.rollout
+        check_engine_settings(rollout, on_cpu, resolve_engine(rollout, cfg.model.path, gpu))
+    if isinstance(cfg, PPOConfig):
         fill_estimator_defaults(cfg)
     if isinstance(cfg, EvalConfig):
-        resolve_engine(cfg.actor_rollout_ref.rollout, cfg.model.path, _cuda())
+        gpu = _cuda()  # evaluation's engine runs in this process
+        check_engine_settings(cfg.rollout, not gpu, resolve_engine(cfg.rollout, cfg.model.path, gpu))
     return cfg
 
 
-def resolve_engine(rollout: Any, model_path: str, gpu: bool) -> None:
-    """Replace ``rollout.engine=auto`` by a named engine (``search_rl.rollout.engines.choice``), logging why."""
-    if rollout.engine == "auto":
-        rollout.engine, why = choose_engine(model_path, gpu)
-        logger.info("actor_rollout_ref.rollout.engine=auto -> %s (%s)", rollout.engine, why)
+def resolve_engine(rollout: EngineRolloutConfig, model_path: str, gpu: bool) -> str:
+    """Replace ``rollout.engine=auto`` by a named engine (``search_rl.rollout.engines.choice``), logging why.
+
+    Returns:
+        Why ``auto`` chose that engine; empty when the config named the engine itself.
+    """
+    if rollout.engine != "auto":
+        return ""
+    rollout.engine, why = choose_engine(model_path, gpu)
+    logger.info("actor_rollout_ref.rollout.engine=auto -> %s (%s)", rollout.engine, why)
+    return why
+
+
+_warned: set[str] = set()
+"""Warnings already logged by this process (each is logged once, however often a config is resolved)."""
+
+
+def warn_once(message: str) -> None:
+    """Log ``message`` as a warning the first time this process sees it."""
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning(message)
+
+
+def check_engine_settings(rollout: EngineRolloutConfig, on_cpu: bool, auto_why: str = "") -> None:
+    """Refuse or warn about rollout settings that cannot apply to the resolved engine on its device.
+
+    Args:
+        rollout: ``actor_rollout_ref.rollout`` with its engine resolved (not ``auto``).
+        on_cpu: the engine is known to run on CPU (false: on CUDA, or on a cluster's devices not known here).
+        auto_why: why ``engine=auto`` chose the engine; empty when the user named it.
+
+    Raises:
+        ConfigError: a setting the engine cannot run here, with the keys, why and how to fix it.
+    """
+    key, engine = "actor_rollout_ref.rollout", rollout.engine
+    if rollout.schedule == "continuous" and engine != "hf":
+        why = f"rollouts run in turns: the continuous schedule needs the hf engine's decode sessions, {engine} has none"
+        if not auto_why:
+            raise ConfigError(
+                f"{key}.schedule=continuous with {key}.engine={engine}: {why}; set {key}.engine=hf to run continuous, "
+                f"or {key}.schedule=turns"
+            )
+        warn_once(
+            f"{key}.schedule=continuous: {why} ({key}.engine=auto chose {engine}: {auto_why}); set {key}.engine=hf "
+            f"to run continuous, or {key}.schedule=turns to keep turns without this warning"
+        )
+    if engine == "vllm" and on_cpu:
+        _check_vllm_on_cpu(rollout.vllm)
+    if engine == "vllm":  # hf.max_model_len is vLLM's context length too
+        _warn_unused(f"{key}.hf", rollout.hf, HFEngineConfig(), ("max_batch_size", "prefix_cache"), engine, auto_why)
+    else:
+        names = tuple(f.name for f in dataclasses.fields(VLLMEngineConfig))
+        _warn_unused(f"{key}.vllm", rollout.vllm, VLLMEngineConfig(), names, engine, auto_why)
+
+
+def _check_vllm_on_cpu(vllm: VLLMEngineConfig) -> None:
+    """The vLLM settings that need CUDA: refused (sleep mode, CUDA IPC) or warned about (CUDA graphs)."""
+    key = "actor_rollout_ref.rollout.vllm"
+    if vllm.sleep_level:
+        raise ConfigError(
+            f"{key}.sleep_level={vllm.sleep_level} needs a GPU (vLLM's sleep mode frees CUDA memory), and this run's "
+            f"vLLM engine is on CPU; set {key}.sleep_level=0"
+        )
+    if vllm.weight_sync == "ipc":
+        raise ConfigError(
+            f"{key}.weight_sync=ipc sends CUDA IPC handles, and this run's vLLM engine is on CPU; set "
+            f"{key}.weight_sync=disk (or auto)"
+        )
+    if not vllm.enforce_eager:
+        warn_once(
+            f"{key}.enforce_eager=false on CPU: there are no CUDA graphs to capture; what vLLM's CPU backend does "
+            f"instead is its own choice. {key}.enforce_eager=true (the default) silences this"
+        )
+
+
+def _warn_unused(key: str, settings: Any, defaults: Any, names: Sequence[str], engine: str, auto_why: str) -> None:
+    """Warn once when ``names`` of ``settings``, which the running engine does not read, differ from their defaults."""
+    changed = [f"{key}.{n}={getattr(settings, n)}" for n in names if getattr(settings, n) != getattr(defaults, n)]
+    if changed:
+        chose = f" (engine=auto chose it: {auto_why})" if auto_why else ""
+        warn_once(f"{', '.join(changed)} do not apply: the rollout runs the {engine} engine{chose}")
 
 
 def _cuda() -> bool:

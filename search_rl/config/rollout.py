@@ -117,9 +117,9 @@ class RolloutConfig:
     schedule: str = "turns"
     """How sequences share the engine: ``turns`` (all active sequences generate a turn together, then their queries
     are searched together) or ``continuous`` (a sequence goes to the retriever as soon as it stops at ``</search>``
-    and rejoins the running batch with its observation while the others keep decoding; HF engine only, others run
-    turns). On CPU with a fast retriever and no searches to overlap, both cost about the same per token
-    (docs/rollout.md)."""
+    and rejoins the running batch with its observation while the others keep decoding; HF engine only: refused with
+    an engine named otherwise, turns and a warning where ``engine=auto`` chose another). On CPU with a fast retriever
+    and no searches to overlap, both cost about the same per token (docs/rollout.md)."""
 
     def __post_init__(self) -> None:
         positive = ("max_prompt_tokens", "max_turn_tokens", "max_obs_tokens", "max_response_tokens", "max_query_chars")

@@ -147,7 +147,8 @@ class LLMGenerationManager:
         samples = [self._start(i, p) for i, p in enumerate(prompts)]
         timing = {"generate": 0.0, "retrieve": 0.0}
         engine = self.engine
-        if self.cfg.schedule == "continuous" and isinstance(engine, SessionEngine) and _sessions_work(engine):
+        if schedule_that_runs(self.cfg.schedule, engine) == "continuous":
+            assert isinstance(engine, SessionEngine)
             await self._continuous(engine, samples, timing, greedy, seed)
         else:
             await self._in_turns(samples, timing, greedy, seed)
@@ -398,3 +399,22 @@ class LLMGenerationManager:
 def _sessions_work(engine: SessionEngine) -> bool:
     """Whether ``engine`` can open sessions for its model (an engine may say so with ``supports_sessions``)."""
     return bool(getattr(engine, "supports_sessions", True))
+
+
+_fell_back: set[str] = set()
+"""Engine classes this process has said run ``schedule=continuous`` as turns (said once each)."""
+
+
+def schedule_that_runs(schedule: str, engine: object) -> str:
+    """The schedule the loop runs for ``rollout.schedule`` on ``engine``: ``continuous`` needs an engine whose decode
+    sessions work for its model, else the loop runs ``turns`` and says so once per engine class (config resolution
+    already refuses or warns about engines without sessions; this catches a model whose cache cannot hold them)."""
+    if schedule != "continuous" or (isinstance(engine, SessionEngine) and _sessions_work(engine)):
+        return schedule
+    name = type(engine).__name__
+    if name not in _fell_back:
+        _fell_back.add(name)
+        logger.warning(
+            "rollout.schedule=continuous: %s cannot open decode sessions for this model; rollouts run in turns", name
+        )
+    return "turns"

@@ -206,3 +206,21 @@ def test_continuous_schedule_raises_the_retrievers_error(make_scripted_hf, token
 def test_schedule_is_checked():
     with pytest.raises(ValueError, match="rollout.schedule"):
         RolloutConfig(schedule="sometimes")
+
+
+def test_continuous_on_an_engine_without_working_sessions_runs_turns_and_says_so_once(
+    make_scripted_hf, make_prompt, monkeypatch, caplog
+):
+    from search_rl.rollout import generation_manager
+
+    monkeypatch.setattr(generation_manager, "_fell_back", set())
+    prompts, scripts = _scripts(make_prompt)
+    engine = make_scripted_hf(scripts)
+    assert generation_manager.schedule_that_runs("continuous", engine) == "continuous"
+    monkeypatch.setattr(type(engine), "supports_sessions", property(lambda self: False))  # a sliding-window cache
+    with caplog.at_level("WARNING", logger=generation_manager.__name__):
+        ran = [generation_manager.schedule_that_runs("continuous", engine) for _ in range(2)]
+        assert generation_manager.schedule_that_runs("turns", object()) == "turns"
+    assert ran == ["turns", "turns"]
+    [warning] = [r.getMessage() for r in caplog.records if r.name == generation_manager.__name__]
+    assert warning.startswith(f"rollout.schedule=continuous: {type(engine).__name__} cannot open decode sessions")
