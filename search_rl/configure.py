@@ -29,6 +29,7 @@ from search_rl.config import (
     PPOConfig,
     RewardConfig,
     SFTConfig,
+    StaticEngineConfig,
     VLLMEngineConfig,
 )
 from search_rl.config.loading import compose_config, to_typed
@@ -134,11 +135,30 @@ def check_engine_settings(rollout: EngineRolloutConfig, on_cpu: bool, auto_why: 
         )
     if engine == "vllm" and on_cpu:
         _check_vllm_on_cpu(rollout.vllm)
+    if engine == "static" and on_cpu:
+        _check_static_on_cpu(rollout.static)
+    if engine != "static":
+        names = tuple(f.name for f in dataclasses.fields(StaticEngineConfig))
+        _warn_unused(f"{key}.static", rollout.static, StaticEngineConfig(), names, engine, auto_why)
     if engine == "vllm":  # hf.max_model_len is vLLM's context length too
         _warn_unused(f"{key}.hf", rollout.hf, HFEngineConfig(), ("max_batch_size", "prefix_cache"), engine, auto_why)
     else:
         names = tuple(f.name for f in dataclasses.fields(VLLMEngineConfig))
         _warn_unused(f"{key}.vllm", rollout.vllm, VLLMEngineConfig(), names, engine, auto_why)
+
+
+def _check_static_on_cpu(static: StaticEngineConfig) -> None:
+    """The static engine's GPU settings, asked for on a CPU: refused (``null``, their default, means "on a GPU")."""
+    key = "actor_rollout_ref.rollout.static"
+    for name, why in (
+        ("cuda_graphs", "CUDA graphs need a GPU"),
+        ("compile", "the compiled kernels were measured no faster than eager on CPU"),
+    ):
+        if getattr(static, name):
+            raise ConfigError(
+                f"{key}.{name}=true, and this run's static engine is on CPU ({why}); set {key}.{name}=null (on a GPU "
+                "only) or false"
+            )
 
 
 def _check_vllm_on_cpu(vllm: VLLMEngineConfig) -> None:

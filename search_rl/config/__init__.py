@@ -36,6 +36,7 @@ from search_rl.config.rollout import (
     HFEngineConfig,
     RetrieverClientConfig,
     RolloutConfig,
+    StaticEngineConfig,
     TrainRolloutConfig,
     VLLMEngineConfig,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "EngineRolloutConfig",
     "EvalRolloutConfig",
     "HFEngineConfig",
+    "StaticEngineConfig",
     "VLLMEngineConfig",
     "ModelConfig",
     "OptimConfig",

@@ -215,6 +215,28 @@ class HFEngineConfig:
             raise ValueError(f"engine.max_batch_size must be >= 1, got {self.max_batch_size}")
 
 
+@dataclass
+class StaticEngineConfig:
+    """What the ``static`` engine adds to the ``hf`` settings (docs/rollout.md, "The static engine")."""
+
+    cuda_graphs: bool | None = None
+    """Capture each decode step as a CUDA graph (once per batch and width bucket, checked against the eager step
+    before it is trusted). ``null`` = on a GPU; ``true`` on a CPU is refused (there is nothing to capture)."""
+    compile: bool | None = None
+    """``torch.compile`` the decode step's elementwise parts (RMSNorm with the residual add, RoPE, the gated
+    activation) into fused kernels. ``null`` = on a GPU; ``true`` on a CPU is refused (measured no faster there)."""
+    readback_steps: int | None = None
+    """Decode steps between two readbacks to the host, which checks stop strings then (tokens past a stop are
+    dropped). ``null`` = 8 on a GPU (each readback waits for it), 1 on a CPU (a step past a stop costs real work)."""
+    free_on_sleep: bool = False
+    """Free the KV cache and the captured graphs before each training update (more memory for the update; the next
+    rollout allocates and captures again). Off: both are kept for the whole run."""
+
+    def __post_init__(self) -> None:
+        if self.readback_steps is not None and self.readback_steps < 1:
+            raise ConfigError(f"rollout.static.readback_steps must be >= 1 (or null), got {self.readback_steps}")
+
+
 VLLM_WEIGHT_SYNCS = ("auto", "disk", "ipc")
 
 
@@ -266,12 +288,14 @@ class EngineRolloutConfig(RolloutConfig):
     (``EvalRolloutConfig``) both hold under ``actor_rollout_ref.rollout``, written once."""
 
     engine: str = "auto"
-    """Generation backend: ``hf`` (transformers, CPU or GPU), ``static`` (transformers with a static KV cache and
-    CUDA-graph decoding, for GPU; takes the ``hf`` settings), ``vllm`` (``search-rl[vllm]``; on CPU ``make
-    install-vllm``) or ``auto``: ``vllm`` where it is installed and runs the model (on CPU: head_dim >= 32), else
-    ``static`` on GPU and ``hf`` on CPU."""
+    """Generation backend: ``hf`` (transformers, CPU or GPU; any causal LM), ``static`` (Llama/Qwen2 only: a forward
+    written for decoding over a static KV cache, CUDA graphs on GPU; takes the ``hf`` and ``static`` settings),
+    ``vllm`` (``search-rl[vllm]``; on CPU ``make install-vllm``) or ``auto``: ``vllm`` where it is installed and runs
+    the model (on CPU: head_dim >= 32), else ``static`` on GPU and ``hf`` on CPU."""
     hf: HFEngineConfig = field(default_factory=HFEngineConfig)
     """Settings of the ``hf`` and ``static`` engines."""
+    static: StaticEngineConfig = field(default_factory=StaticEngineConfig)
+    """What the ``static`` engine adds to the ``hf`` settings."""
     gpu_memory_utilization: float = 0.4
     """``vllm`` engine: share of GPU memory it may take (0.4 in training, where the trainer shares the GPU; 0.9 in
     evaluation)."""

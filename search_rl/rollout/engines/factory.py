@@ -14,7 +14,7 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from search_rl.config import HFEngineConfig, ModelConfig, VLLMEngineConfig
+from search_rl.config import HFEngineConfig, ModelConfig, StaticEngineConfig, VLLMEngineConfig
 from search_rl.models import dtype_of, load_model, model_dir
 from search_rl.models.weights import save_hf_folder, tensor_aliases
 from search_rl.rollout.engines.base import RolloutEngine
@@ -31,6 +31,7 @@ class EngineSettings(Protocol):
 
     engine: str
     hf: HFEngineConfig
+    static: StaticEngineConfig
     vllm: VLLMEngineConfig
     gpu_memory_utilization: float
 
@@ -78,8 +79,24 @@ def build_engine(
         raise ValueError(f"build_engine: the {cfg.engine} engine needs the model it generates with")
     torch.nn.Module.to(model, device)  # in place
     if cfg.engine == "static":
-        return StaticEngine(model, tokenizer, cfg.hf)
+        return build_static_engine(cfg.hf, cfg.static, model, tokenizer)
     return HFEngine(model, tokenizer, cfg.hf)
+
+
+def build_static_engine(
+    hf: HFEngineConfig, static: StaticEngineConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
+) -> StaticEngine:
+    """The static engine with ``rollout.static`` resolved for the model's device (graphs and compile on CUDA)."""
+    gpu = model.device.type == "cuda"
+    return StaticEngine(
+        model,
+        tokenizer,
+        hf,
+        cuda_graphs=gpu if static.cuda_graphs is None else static.cuda_graphs,
+        compiled=gpu if static.compile is None else static.compile,
+        readback_steps=static.readback_steps,
+        free_on_sleep=static.free_on_sleep,
+    )
 
 
 def build_standalone_engine(

@@ -149,6 +149,12 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + rotated * sin
 
 
+def gated(gate_up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up of a fused (..., 2I) gate/up projection."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 class LeanDecoder:
     """The forward of a Llama/Qwen2 causal LM for prefill and decode into a slot KV cache.
 
@@ -156,12 +162,14 @@ class LeanDecoder:
         model: the HF model; its q/k/v and gate/up parameters are rebound as views of fused tensors (in place: the
             model keeps working as before, and in-place weight updates reach this forward).
         max_positions: positions the RoPE table covers (the engine's context length).
+        compiled: ``torch.compile`` the elementwise parts (norm with residual add, RoPE, gated activation) into
+            fused kernels, each once for any shape (``dynamic=True``).
 
     Raises:
         ValueError: the model is not one this forward models (``check_supported``).
     """
 
-    def __init__(self, model: PreTrainedModel, max_positions: int) -> None:
+    def __init__(self, model: PreTrainedModel, max_positions: int, compiled: bool = False) -> None:
         check_supported(model.config)
         text = model.config.get_text_config(decoder=True)
         self.model = model
@@ -171,6 +179,9 @@ class LeanDecoder:
         self.eps = float(text.rms_norm_eps)
         self.scale = self.head_dim**-0.5
         self.max_positions = max_positions
+        self.compiled = compiled
+        fuse = (lambda fn: torch.compile(fn, dynamic=True, fullgraph=True)) if compiled else (lambda fn: fn)
+        self._add_norm, self._rotate, self._gated = fuse(add_rms_norm), fuse(rotate), fuse(gated)
         self._bind()
 
     def _bind(self) -> None:
@@ -249,11 +260,11 @@ class LeanDecoder:
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         write_rows = (torch.arange(n, device=cols.device) if rows is None else rows)[:, None]  # (R, 1)
         for i, layer in enumerate(self.layers):
-            x, residual = add_rms_norm(h, residual, layer.in_norm, self.eps)
+            x, residual = self._add_norm(h, residual, layer.in_norm, self.eps)
             qkv = F.linear(x, layer.qkv_w, layer.qkv_b)  # (R, S, (H + 2 KVH) D)
             q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-            q = rotate(q.view(n, s, self.heads, self.head_dim).transpose(1, 2), cos, sin)  # (R, H, S, D)
-            k = rotate(k.view(n, s, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)  # (R, KVH, S, D)
+            q = self._rotate(q.view(n, s, self.heads, self.head_dim).transpose(1, 2), cos, sin)  # (R, H, S, D)
+            k = self._rotate(k.view(n, s, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)  # (R, KVH, S, D)
             keys, values = cache.kv(i)
             # advanced indices split by a slice put their dims first: the target is (R, S, KVH, D)
             keys[write_rows, :, cols] = k.transpose(1, 2)
@@ -266,8 +277,8 @@ class LeanDecoder:
             out = F.scaled_dot_product_attention(packed, k_all, v_all, attn_mask=mask, scale=self.scale)
             out = out.view(n, self.heads, s, self.head_dim).transpose(1, 2).reshape(n, s, q_size)
             h = F.linear(out, layer.o_w, layer.o_b)
-            x, residual = add_rms_norm(h, residual, layer.post_norm, self.eps)
-            gate, up = F.linear(x, layer.gate_up_w, layer.gate_up_b).chunk(2, dim=-1)
-            h = F.linear(F.silu(gate) * up, layer.down_w, layer.down_b)
-        x, _ = add_rms_norm(h[:, -1:], residual[:, -1:] if residual is not None else None, self.final_norm, self.eps)
+            x, residual = self._add_norm(h, residual, layer.post_norm, self.eps)
+            h = F.linear(self._gated(F.linear(x, layer.gate_up_w, layer.gate_up_b)), layer.down_w, layer.down_b)
+        last = residual[:, -1:] if residual is not None else None
+        x, _ = self._add_norm(h[:, -1:], last, self.final_norm, self.eps)
         return F.linear(x[:, 0], self.head).float()  # (R, V)

@@ -135,6 +135,7 @@ class StaticEngine(InProcessEngine):
         logits_processor: optional hook applied to raw logits before sampling (tests use it to script a model);
             with one, the host reads back every step and no graph is captured.
         cuda_graphs: capture the decode step on CUDA (off: the same step runs eagerly).
+        compiled: ``torch.compile`` the forward's elementwise parts (``LeanDecoder``; meant for CUDA).
         graph_factory: makes the captured-step objects (tests give a stand-in, which also captures on CPU).
         readback_steps: decode steps between host readbacks (None: 8 on CUDA, 1 elsewhere).
         free_on_sleep: ``sleep`` frees the cache and the graphs (off: they stay, captured once for the whole run).
@@ -150,12 +151,13 @@ class StaticEngine(InProcessEngine):
         cfg: HFEngineConfig | None = None,
         logits_processor: LogitsProcessor | None = None,
         cuda_graphs: bool = True,
+        compiled: bool = False,
         graph_factory: GraphFactory | None = None,
         readback_steps: int | None = None,
         free_on_sleep: bool = False,
     ) -> None:
         super().__init__(model, tokenizer, cfg)
-        self.decoder = LeanDecoder(model, self.max_model_len + 1)  # + the scratch column's position
+        self.decoder = LeanDecoder(model, self.max_model_len + 1, compiled)  # + the scratch column's position
         self.logits_processor = logits_processor
         self.device = model.device
         on_cuda = self.device.type == "cuda"
