@@ -115,18 +115,10 @@ def _cycle(graph: dict[str, set[str]]) -> list[str]:
     return []
 
 
-KNOWN_CYCLE_EDGES = {("search_rl.rollout.engines.hf_session", "search_rl.rollout.engines.hf")}
-"""Edges left out of the cycle check. ``hf_session`` imports ``HFEngine`` under ``TYPE_CHECKING`` while ``hf`` imports
-``hf_session``: the engine work is removing that circle; delete this entry when it has."""
-
-
 def _import_graph(packages: Iterable[str]) -> dict[str, set[str]]:
     """module -> the modules of ``packages`` its module-level imports name (``_module_level_imports``)."""
     paths = {_module_name(p): p for package in packages for p in (REPO / package).rglob("*.py")}
-    return {
-        m: {n for n in _module_level_imports(p) if n in paths and n != m and (m, n) not in KNOWN_CYCLE_EDGES}
-        for m, p in paths.items()
-    }
+    return {m: {n for n in _module_level_imports(p) if n in paths and n != m} for m, p in paths.items()}
 
 
 def test_module_level_imports_have_no_cycle():
