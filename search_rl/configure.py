@@ -95,7 +95,8 @@ def resolve_engine(rollout: EngineRolloutConfig, model_path: str, gpu: bool) -> 
     if rollout.engine != "auto":
         return ""
     rollout.engine, why = choose_engine(model_path, gpu)
-    logger.info("actor_rollout_ref.rollout.engine=auto -> %s (%s)", rollout.engine, why)
+    where = "a GPU" if gpu else "CPU"
+    logger.info("actor_rollout_ref.rollout.engine=auto -> %s, for an engine on %s (%s)", rollout.engine, where, why)
     return why
 
 

@@ -6,6 +6,7 @@ both build their engine here, so an engine setting means the same thing in every
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,8 @@ from search_rl.models.weights import save_hf_folder, tensor_aliases
 from search_rl.rollout.engines.base import RolloutEngine
 from search_rl.rollout.engines.hf import HFEngine
 from search_rl.rollout.engines.static import StaticEngine
+
+logger = logging.getLogger(__name__)
 
 MODEL_ENGINES = ("hf", "static")
 """Engines that generate with the in-process model copy handed to ``build_engine`` (the others load an export)."""
@@ -102,17 +105,26 @@ def build_static_engine(
 def build_standalone_engine(
     cfg: EngineSettings, tokenizer: PreTrainedTokenizerBase, model: ModelConfig, policy: PreTrainedModel | None = None
 ) -> RolloutEngine:
-    """An engine for the model ``model.path`` names, outside training (evaluation, benchmarks), on CPU. vLLM loads the
-    model's own folder (in its saved dtype); the HF engine generates with ``policy`` (loaded in ``model.dtype`` when
-    not given)."""
-    cpu = torch.device("cpu")
+    """An engine for the model ``model.path`` names, outside training (evaluation, benchmarks), on the device
+    ``configure.resolve`` chose ``cfg.engine`` for (``standalone_device``). vLLM loads the model's own folder (in its
+    saved dtype); the in-process engines generate with ``policy`` (loaded in ``model.dtype`` when not given), moved
+    to that device."""
+    device = standalone_device()
     if cfg.engine == "vllm" and model.path != "tiny":
         directory = model_dir(model.path)
-        return build_engine(cfg, tokenizer, model=None, export=lambda _: directory, device=cpu, seed=model.seed)
+        return build_engine(cfg, tokenizer, model=None, export=lambda _: directory, device=device, seed=model.seed)
     loaded = policy if policy is not None else load_model(model.path, dtype=dtype_of(model.dtype), seed=model.seed)
 
     def export(directory: str) -> Path:
         aliases = tensor_aliases(loaded)
         return save_hf_folder(directory, loaded.state_dict(), loaded.config, aliases=aliases, tokenizer=tokenizer)
 
-    return build_engine(cfg, tokenizer, model=loaded, export=export, device=cpu, seed=model.seed, name="eval")
+    engine = build_engine(cfg, tokenizer, model=loaded, export=export, device=device, seed=model.seed, name="eval")
+    logger.info("evaluation engine: %s on %s", cfg.engine, device)
+    return engine
+
+
+def standalone_device() -> torch.device:
+    """Where an engine outside training runs: the first GPU where CUDA is available (``configure.resolve`` chose
+    ``engine=auto`` for it), else the CPU."""
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")

@@ -69,3 +69,23 @@ def test_where_vllm_is_installed_the_default_rolls_out_smollm2_with_it() -> None
     assert cfg.actor_rollout_ref.rollout.engine == "vllm"
     assert cfg.algorithm.tis_cap == DEFAULT_TIS_CAP
     assert load_config([], config_name="eval").actor_rollout_ref.rollout.engine == "vllm"
+
+
+def test_the_evaluation_engine_runs_on_the_device_its_choice_was_made_for(monkeypatch, caplog) -> None:
+    """On a GPU machine ``main_eval`` resolves ``auto`` for a GPU, so its engine must be built there (it was built on
+    the CPU), and the log says where it runs."""
+    import torch
+
+    from search_rl.rollout.engines import factory
+
+    monkeypatch.setattr(configure, "_cuda", lambda: True)
+    monkeypatch.setattr(choice, "vllm_installed", lambda: False)
+    cfg = load_config(["model=tiny"], config_name="eval")
+    assert cfg.rollout.engine == "static"
+    built = {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(factory, "build_engine", lambda *a, device, **k: built.setdefault("device", device))
+    with caplog.at_level("INFO", logger=factory.__name__):
+        factory.build_standalone_engine(cfg.rollout, None, cfg.model, policy=object())
+    assert built["device"].type == "cuda"
+    assert "evaluation engine: static on cuda" in caplog.text
