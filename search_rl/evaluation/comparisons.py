@@ -7,6 +7,11 @@ one (``retriever`` allows every retriever key, ``retriever.topk`` only the top-k
 
 A row that cannot be checked is refused too, unless named: one without a fingerprint (``--allow fingerprint``), one
 whose retriever said nothing to pin it on (``retriever.unpinned``: ``--allow retriever.unpinned``).
+
+A key that one fingerprint has and another lacks differs (shown ``<absent>``) and is refused unless named: a result
+written before its search-rl recorded the key (the ``rollout`` section: schedule, batch sizes, prefix reuse) ran with
+a value nobody knows, so it is not assumed to be the default. Such older results stay readable; evaluate them again,
+or name the keys (``--allow rollout``) to compare them anyway. Keys that every fingerprint lacks are not compared.
 """
 
 from __future__ import annotations
@@ -125,9 +130,16 @@ def check_comparable(
     refused = {k: v for k, v in diffs.items() if not _intended(k, allowed)}
     if refused:
         sections = sorted({k.split(".")[0] for k in refused})
+        unrecorded = any(MISSING in v for v in refused.values())
         raise ValueError(
             "these evaluations were not made the same way:\n  "
             + "\n  ".join(describe(refused, shown))
+            + (
+                f"\n{MISSING}: that result does not record the key (an older search-rl wrote it, or its retriever did "
+                "not report it), so what it ran with is unknown"
+                if unrecorded
+                else ""
+            )
             + f"\nIf the differences are intended, say so: --allow {' --allow '.join(sections)} "
             "(or a narrower dotted key)"
         )

@@ -5,11 +5,17 @@ with different fingerprints in one table unless the differences are named as int
 
 - ``model``: the weights' sha256 (over the loaded tensors, so a GGUF, a checkpoint and the ``tiny`` model are
   hashed alike) and the source path;
-- ``engine``: the rollout engine that generated (``hf``, ``static`` or ``vllm``: what ``engine=auto`` resolved to)
-  and the dtype it really ran in (the HF model's parameters; the dtype vLLM reports it loaded, the folder's own);
+- ``engine``: the rollout engine that generated (``hf``, ``static`` or ``vllm``: what ``engine=auto`` resolved to),
+  the dtype it really ran in (the HF model's parameters; the dtype vLLM reports it loaded, the folder's own) and the
+  settings of that engine that change how sequences are batched and computed (``hf.max_batch_size`` and
+  ``hf.prefix_cache`` for ``hf``/``static``; ``vllm.*`` eager mode, tensor parallelism, KV cache and the GPU share
+  for ``vllm``);
 - ``template``: the baseline, the template file's sha256 (``no_search``/``naive_rag``) and the sha256 of every
   evaluated prompt's token ids (the ``search`` baseline's prompt is baked into the rows);
 - ``budgets``: turns, token budgets, decoding (greedy, or ``n_samples`` at a temperature);
+- ``rollout``: how the rollout was run, which changes seeded samples (and greedy ones where a near tie meets
+  different batching): the schedule that ran (``turns``, or ``continuous`` where the engine could run it), questions
+  per call (``batch_size``: a call's samples draw from its own seed), the query and failure policies;
 - ``retriever``: what the retriever's ``GET /health`` reports (method, documents, corpus sha256, index key, which
   changes with the index's content and build settings, the query-time ``search_settings`` such as nprobe, encoder)
   plus top-k, or the dict a search backend describes itself with; ``unpinned`` with the reason when it said nothing;
@@ -37,6 +43,7 @@ from search_rl.config import EvalConfig
 from search_rl.models.identity import weights_sha256
 from search_rl.prompt_data import resolve_data_path
 from search_rl.rollout.backends.http import identity_facts
+from search_rl.rollout.generation_manager import schedule_that_runs
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +113,39 @@ def dataset_hashes(files: Sequence[str]) -> dict[str, str]:
     return {Path(f).name: file_sha256(resolve_data_path(f)) for f in files}
 
 
+IN_PROCESS_ENGINES = ("hf", "static")
+"""Engines that read ``rollout.hf`` (micro-batches, prefix reuse)."""
+
+
+def rollout_settings(cfg: EvalConfig, schedule: str | None = None) -> dict[str, Any]:
+    """The ``rollout`` section: how the rollout ran, whatever the engine.
+
+    Args:
+        cfg: the evaluation's config.
+        schedule: the schedule that ran (``generation_manager.schedule_that_runs``); None = the configured one.
+    """
+    r = cfg.rollout
+    return {
+        "schedule": schedule or r.schedule,
+        "batch_size": cfg.batch_size,
+        "max_query_chars": r.max_query_chars,
+        "on_retriever_error": r.on_retriever_error,
+    }
+
+
+def engine_settings(cfg: EvalConfig, engine: str) -> dict[str, Any]:
+    """The settings of the engine named ``engine`` that change how its sequences are batched and computed (added to
+    the ``engine`` section; another engine's settings are left out, it did not read them)."""
+    r = cfg.rollout
+    if engine in IN_PROCESS_ENGINES:
+        return {"hf": {"max_batch_size": r.hf.max_batch_size, "prefix_cache": r.hf.prefix_cache}}
+    if engine == "vllm":
+        v = r.vllm
+        vllm = {"enforce_eager": v.enforce_eager, "tensor_parallel_size": v.tensor_parallel_size}
+        return {"vllm": {**vllm, "kv_cache_gib": v.kv_cache_gib}, "gpu_memory_utilization": r.gpu_memory_utilization}
+    return {}
+
+
 def build_fingerprint(
     cfg: EvalConfig,
     *,
@@ -115,6 +155,7 @@ def build_fingerprint(
     retriever: Mapping[str, Any] | None,
     engine: Mapping[str, str],
     template_file: Path | None = None,
+    schedule: str | None = None,
 ) -> EvalFingerprint:
     """The fingerprint of one evaluation (sections in the module docstring).
 
@@ -127,6 +168,7 @@ def build_fingerprint(
             evaluation does not search; ``topk`` is added here.
         engine: ``engine_identity`` of the engine that generated.
         template_file: the baseline's template file, if it has one.
+        schedule: the rollout schedule that ran; None = the configured one.
     """
     r = cfg.rollout
     sampled = cfg.n_samples > 1
@@ -148,9 +190,10 @@ def build_fingerprint(
         template["rag_topk"] = cfg.rag_topk
     fp: EvalFingerprint = {
         "model": {"weights_sha256": weights, "path": cfg.model.path},
-        "engine": dict(engine),
+        "engine": {**engine, **engine_settings(cfg, engine.get("name", ""))},
         "template": template,
         "budgets": budgets,
+        "rollout": rollout_settings(cfg, schedule),
         "retriever": {"backend": "none"} if retriever is None else {**retriever, "topk": cfg.retriever.topk},
         "data": {
             "files": dataset_hashes(data_files),
@@ -216,4 +259,5 @@ def pin(
         retriever=describe_retriever(cfg, retriever),
         engine=engine_identity(engine),
         template_file=template if template is not None and template.is_file() else None,
+        schedule=schedule_that_runs(cfg.rollout.schedule, engine),
     )

@@ -9,12 +9,14 @@ difference more than noise on these questions?). Rows must cover the same questi
 the folders and the count of questions each has alone.
 
 Rows must also have been made the same way: their fingerprints (``metrics.json``'s ``fingerprint``, written by
-``main_eval``: retriever, corpus, index and search settings, top-k, engine and dtype, template, budgets, data files,
-packages) must agree except in the model, or the command refuses and names every difference. ``--allow
-retriever.topk`` (a dotted key or a section such as ``retriever``) says a difference is intended; intended
-differences are printed under the table. A row that cannot be checked is refused as well: one without a fingerprint
-(made before fingerprints existed: ``--allow fingerprint`` compares it unchecked) and one whose retriever gave nothing
-to pin it on (``--allow retriever.unpinned``).
+``main_eval``: retriever, corpus, index and search settings, top-k, engine, dtype and the engine's batching settings,
+template, budgets, the rollout's schedule and batch size, data files, packages) must agree except in the model, or
+the command refuses and names every difference. ``--allow retriever.topk`` (a dotted key or a section such as
+``retriever``) says a difference is intended; intended differences are printed under the table. A row that cannot
+be checked is refused as well: one without a fingerprint (made before fingerprints existed: ``--allow fingerprint``
+compares it unchecked) and one whose retriever gave nothing to pin it on (``--allow retriever.unpinned``). A key an
+older result does not record (``<absent>``, such as ``rollout.schedule``) differs from any value: its run's value is
+unknown, so it is refused until named (``--allow rollout``).
 """
 
 from __future__ import annotations

@@ -21,8 +21,10 @@ from search_rl.evaluation.fingerprint import (
     build_fingerprint,
     describe_retriever,
     engine_identity,
+    engine_settings,
     pin,
     prompts_sha256,
+    rollout_settings,
     weights_sha256,
 )
 from search_rl.main_eval import load_eval_config
@@ -35,6 +37,7 @@ HEALTH = {"backend": "http", "method": "dense", "num_documents": 16430, "index_p
 
 
 ENGINE = {"name": "hf", "dtype": "float32"}
+ROLLOUT = "actor_rollout_ref.rollout"
 
 
 def fingerprint(
@@ -110,8 +113,12 @@ def write_eval(folder: Path, fp: dict) -> Path:
         ({"retriever": {**HEALTH, "search_settings.nprobe": 64}}, "retriever.search_settings.nprobe"),
         ({"engine": {"name": "vllm", "dtype": "float32"}}, "engine.name: base=hf, other=vllm"),
         ({"engine": {"name": "hf", "dtype": "bfloat16"}}, "engine.dtype: base=float32, other=bfloat16"),
+        ({"overrides": [f"{ROLLOUT}.schedule=continuous"]}, "rollout.schedule: base=turns, other=continuous"),
+        ({"overrides": [f"{ROLLOUT}.hf.prefix_cache=false"]}, "engine.hf.prefix_cache: base=True, other=False"),
+        ({"overrides": [f"{ROLLOUT}.hf.max_batch_size=8"]}, "engine.hf.max_batch_size: base=64, other=8"),
+        ({"overrides": ["batch_size=8"]}, "rollout.batch_size: base=32, other=8"),
     ],
-    ids=["corpus", "topk", "template", "index", "nprobe", "engine", "dtype"],
+    ids=["corpus", "topk", "template", "index", "nprobe", "engine", "dtype", "schedule", "prefix", "micro", "batch"],
 )
 def test_compare_evals_refuses_a_mismatch(change, named, tmp_path, capsys):
     base = write_eval(tmp_path / "base", fingerprint())
@@ -129,6 +136,28 @@ def test_compare_evals_refuses_a_mismatch(change, named, tmp_path, capsys):
     assert main([f"base={base}", f"other={other}", "--allow", section]) == 0
     out = capsys.readouterr().out
     assert "| base | 0.500 |" in out and "Differences in how the rows were made (intended):" in out and named in out
+
+
+def test_an_older_result_without_the_rollout_section_is_read_and_refused_unless_named(tmp_path, capsys):
+    old = fingerprint()
+    del old["rollout"]  # written before the rollout settings were recorded
+    base = write_eval(tmp_path / "old", old)
+    other = write_eval(tmp_path / "new", fingerprint())
+    assert main([f"old={base}", f"new={other}"]) == 2
+    err = capsys.readouterr().err
+    assert "rollout.schedule: old=<absent>, new=turns" in err and "what it ran with is unknown" in err
+    assert main([f"old={base}", f"new={other}", "--allow", "rollout"]) == 0
+    assert check_comparable(["a", "b"], [old, copy.deepcopy(old)]) == [], "a key both lack is not compared"
+
+
+def test_only_the_settings_of_the_engine_that_ran_are_pinned():
+    cfg = load_eval_config([f"{ROLLOUT}.hf.prefix_cache=false", f"{ROLLOUT}.vllm.enforce_eager=false"])
+    static = fingerprint(engine={"name": "static", "dtype": "float32"})["engine"]
+    assert static["hf"] == {"max_batch_size": 64, "prefix_cache": True} and "vllm" not in static
+    assert engine_settings(cfg, "hf")["hf"]["prefix_cache"] is False
+    vllm = engine_settings(cfg, "vllm")
+    assert vllm["vllm"]["enforce_eager"] is False and vllm["gpu_memory_utilization"] == 0.9 and "hf" not in vllm
+    assert rollout_settings(cfg, schedule="turns")["schedule"] == "turns"
 
 
 def test_a_retriever_without_health_leaves_the_gap_visible():
@@ -206,6 +235,14 @@ def test_the_engine_and_the_dtype_it_ran_in_are_pinned(tokenizer):
     cfg = load_eval_config(["model=tiny", "model.dtype=float32"])
     engine = HFEngine(load_model("tiny", dtype=torch.bfloat16), tokenizer)
     fp = pin(cfg, engine.model, engine, [[1, 2]], None)
-    assert fp["engine"] == {"name": "hf", "dtype": "bfloat16"}  # what ran, not what the config asked for
+    assert (fp["engine"]["name"], fp["engine"]["dtype"]) == ("hf", "bfloat16")  # what ran, not what was asked
     assert "dtype" not in fp["model"]
     assert engine_identity(HFEngine(load_model("tiny"), load_tokenizer("tiny"))) == {"name": "hf", "dtype": "float32"}
+
+
+def test_the_schedule_that_ran_is_pinned_not_the_one_asked_for(tokenizer, monkeypatch):
+    cfg = load_eval_config(["model=tiny", f"{ROLLOUT}.engine=hf", f"{ROLLOUT}.schedule=continuous"])
+    engine = HFEngine(load_model("tiny"), tokenizer)
+    assert pin(cfg, engine.model, engine, [[1, 2]], None)["rollout"]["schedule"] == "continuous"
+    monkeypatch.setattr(HFEngine, "supports_sessions", property(lambda self: False))  # e.g. a sliding-window cache
+    assert pin(cfg, engine.model, engine, [[1, 2]], None)["rollout"]["schedule"] == "turns"
