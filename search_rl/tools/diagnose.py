@@ -19,13 +19,13 @@ import json
 import logging
 import os
 import platform
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 
+from retriever_server.serve.ray_cli import ray_cli
 from retriever_server.settings import DEFAULT_URL
 from search_rl.reward.search_stats import ANSWER_SOURCE_LABELS, ANSWER_SOURCES
 from search_rl.tools.compare_evals import run_folder
@@ -100,13 +100,12 @@ def hardware() -> list[str]:
 
 def ray_status(timeout_s: float = 30.0) -> list[str]:
     """The output of ``ray status`` for a running cluster, or why there is none."""
-    # this interpreter's own script first: a venv used without activation has no `ray` on PATH
-    own = Path(sys.executable).parent / "ray"
-    exe = str(own) if own.is_file() else shutil.which("ray")
-    if exe is None:
-        return [f"- `ray` CLI neither beside {sys.executable} nor on PATH"]
     try:
-        proc = subprocess.run([exe, "status"], capture_output=True, text=True, timeout=timeout_s, check=False)
+        cmd = ray_cli()  # this interpreter's Ray: PATH may hold another Python's `ray`, or none
+    except FileNotFoundError as e:
+        return [f"- {e}"]
+    try:
+        proc = subprocess.run([*cmd, "status"], capture_output=True, text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
         return [f"- `ray status` did not answer within {timeout_s:.0f}s"]
     if proc.returncode != 0:

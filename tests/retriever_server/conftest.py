@@ -1,5 +1,6 @@
 """Fixtures for the retriever tests: a small real corpus cut from the shipped one, and Ray clusters with the Ray Serve
-retriever on them (``ray`` from this interpreter's own scripts folder, so an unactivated venv works)."""
+retriever on them (Ray's CLI for this interpreter, ``ray_cli``: an unactivated venv, or one over system packages,
+works)."""
 
 from __future__ import annotations
 
@@ -21,10 +22,9 @@ import pytest
 from retriever_server.index.convert import main as convert_main
 from retriever_server.index.shipped_embeddings import SHIPPED_EMBEDDINGS_DIR
 from retriever_server.launcher import free_port
+from retriever_server.serve.ray_cli import ray_cli
 from retriever_server.settings import SHIPPED_CORPUS
 
-RAY_CLI = str(Path(sys.executable).parent / "ray")
-"""The ``ray`` command of this interpreter's environment (PATH may hold another one, or none)."""
 RAY_ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 """Loopback-only nodes: no token authentication, no usage stats."""
 SERVE_ROWS = 600
@@ -116,12 +116,13 @@ def ray_nodes(tmp: Path, nodes: int = 1) -> Iterator[str]:
     cluster address."""
     port = free_port()
     common = ["--block", "--num-cpus=1", "--disable-usage-stats"]
-    head = [RAY_CLI, "start", "--head", f"--port={port}", "--include-dashboard=false", f"--temp-dir=/tmp/ray-rs-{port}"]
+    ray = ray_cli()
+    head = [*ray, "start", "--head", f"--port={port}", "--include-dashboard=false", f"--temp-dir=/tmp/ray-rs-{port}"]
     started = [_start_node([*head, *common], tmp / "head.log")]
     try:
         address = f"127.0.0.1:{port}"
         for i in range(1, nodes):
-            started.append(_start_node([RAY_CLI, "start", f"--address={address}", *common], tmp / f"node{i}.log"))
+            started.append(_start_node([*ray, "start", f"--address={address}", *common], tmp / f"node{i}.log"))
         yield address
     finally:
         for node in reversed(started):

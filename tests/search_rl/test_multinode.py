@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 
+from retriever_server.serve.ray_cli import ray_cli
+
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.integration]
 
 # Token authentication (on by default in Ray 2.60) is a cluster-wide choice; these loopback-only nodes opt out.
 # RAY_DEDUP_LOGS=0: the driver otherwise folds worker lines that differ only in numbers ("rank 1/2 ... joined" into
 # "rank 0/2 ... [repeated 3x across cluster]"), and the test reads each rank's line
-# The interpreter's own `ray` script, so the test passes when its venv is not activated (no `ray` on PATH).
-RAY_CLI = str(Path(sys.executable).parent / "ray")
 RAY_ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}
 
 
@@ -55,8 +55,9 @@ def two_nodes(tmp: Path) -> Iterator[str]:
     port = _free_port()
     temp_dir = f"/tmp/ray-2node-{port}"  # short: Ray's socket paths must fit in 107 bytes
     common = ["--block", "--num-cpus=1", "--disable-usage-stats"]
+    ray = ray_cli()  # this interpreter's Ray, whatever PATH holds (an unactivated or system-site-packages venv)
     head = subprocess.Popen(
-        [RAY_CLI, "start", "--head", f"--port={port}", "--include-dashboard=false", f"--temp-dir={temp_dir}", *common],
+        [*ray, "start", "--head", f"--port={port}", "--include-dashboard=false", f"--temp-dir={temp_dir}", *common],
         env=RAY_ENV,
         stdout=(tmp / "head.log").open("w"),
         stderr=subprocess.STDOUT,
@@ -68,7 +69,7 @@ def two_nodes(tmp: Path) -> Iterator[str]:
         _wait_for_nodes(address, 1, timeout_s=90)
         nodes.append(
             subprocess.Popen(
-                [RAY_CLI, "start", f"--address={address}", *common],
+                [*ray, "start", f"--address={address}", *common],
                 env=RAY_ENV,
                 stdout=(tmp / "node.log").open("w"),
                 stderr=subprocess.STDOUT,
