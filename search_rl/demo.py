@@ -442,7 +442,13 @@ def plot(s: DemoSettings, stages: list[EvalRun]) -> list[Path]:
     written = [p for stage in ("sft", "rl") for p in plot_run(s.stage_dir(stage), out / stage)]
     ends = {"base": 0, "sft": s.sft_steps, "rl": s.sft_steps + s.steps}
     points = [
-        Stage(r.name, ends[r.name], r.metrics["eval/all/em"], s.stage_dir(r.name) if r.name != "base" else None)
+        Stage(
+            r.name,
+            ends[r.name],
+            r.metrics["eval/all/em"],
+            s.stage_dir(r.name) if r.name != "base" else None,
+            questions=s.eval_samples,
+        )
         for r in stages
     ]
     return [plot_recipe(points, out), *written]
@@ -453,9 +459,15 @@ def summarize(s: DemoSettings, report: str, checkpoint: Path, plots: list[Path],
     run = s.run_dir
     rl = s.stage_dir("rl")
     times = ", ".join(f"{k} {v:.0f}s" for k, v in seconds.items())
+    samples = s.steps * s.prompts * s.group_size
     lines = [
         "",
         report,
+        "",
+        f"What RL shows at this size: {s.steps} steps of {s.prompts} prompts x {s.group_size} samples ({samples} "
+        "samples) move the held-out EM by a question or two either way; recipe.png draws RL's reward as a running "
+        "mean with its 95% band, and a change inside the band is noise. The 300-question runs, with their "
+        "significance, are in docs/learning.md.",
         "",
         "demo done:",
         f"  policy       {checkpoint}/actor   (an HF model folder; the warm start is under {s.stage_dir('sft')})",

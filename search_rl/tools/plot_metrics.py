@@ -1,5 +1,10 @@
 """Training curves of a run as PNGs: ``python -m search_rl.tools.plot_metrics RUN_DIR [--out DIR]``.
 
+``plot_recipe`` draws a whole recipe (the demo's ``recipe.png``): held-out EM per stage with 95% bars, the warm
+start's NLL, and RL's reward per training sample as a running mean with a 95% band (per-step means of a few samples
+are mostly noise: the mean of 16 samples of a 0/1 reward moves by about ±0.2 from step to step with nothing
+learnt).
+
 Reads ``<run>/metrics.jsonl`` (docs/training.md lists the keys) and writes one PNG per panel to ``<run>/plots/``:
 reward and EM per data source, KL, entropy, response length, searches per trajectory, the search diagnostics
 (valid-search and duplicate-query rates, gold retrieved, why answers are wrong, EM by number of searches, answer
@@ -17,6 +22,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from search_rl.logging_setup import MESSAGE_FORMAT, configure_logging
 from search_rl.tracking.jsonl import read_jsonl
@@ -151,13 +157,99 @@ def plot_run(run_dir: Path, out: Path | None = None) -> list[Path]:
 
 @dataclass(frozen=True)
 class Stage:
-    """One stage of a recipe (base, warm start, RL): its held-out EM and the training step it ends at, counted over
-    the whole recipe; ``run_dir`` holds the stage's ``metrics.jsonl`` (None for the untrained base)."""
+    """One stage of a recipe (base, warm start, RL): its held-out EM over ``questions`` questions and the training
+    step it ends at, counted over the whole recipe; ``run_dir`` holds the stage's ``metrics.jsonl`` (None for the
+    untrained base)."""
 
     name: str
     end_step: int
     heldout_em: float
     run_dir: Path | None = None
+    questions: int | None = None
+
+
+RUNNING_WINDOW = 64
+"""Samples a running mean of per-sample rewards covers: with fewer, a step's mean moves by more than RL changes it."""
+
+Z95 = 1.96
+"""Normal quantile of a two-sided 95% band."""
+
+
+def sample_rewards(run_dir: Path) -> list[tuple[int, float]]:
+    """``(step, reward)`` of every training sample a run dumped (``<run>/rollouts/train_step_*.jsonl``), in order."""
+    out: list[tuple[int, float]] = []
+    for path in sorted((run_dir / "rollouts").glob("train_step_*.jsonl")):
+        out += [(int(r["step"]), float(r["reward"])) for r in read_jsonl(path)]
+    return out
+
+
+def running_band(values: list[float], window: int = RUNNING_WINDOW) -> tuple[list[float], list[float]]:
+    """The mean of the last ``window`` values at each point (all of them before ``window``) and the half-width of its
+    95% band (``Z95`` standard errors: the sample standard deviation over the root of the count).
+
+    >>> running_band([0.0, 1.0, 1.0, 0.0], window=2)[0]
+    [0.0, 0.5, 1.0, 0.5]
+    """
+    means, half = [], []
+    for i in range(len(values)):
+        part = values[max(0, i + 1 - window) : i + 1]
+        mean = sum(part) / len(part)
+        var = sum((v - mean) ** 2 for v in part) / (len(part) - 1) if len(part) > 1 else 0.0
+        means.append(mean)
+        half.append(Z95 * (var / len(part)) ** 0.5)
+    return means, half
+
+
+def wilson_interval(p: float, n: int) -> tuple[float, float]:
+    """The 95% Wilson interval of a proportion ``p`` over ``n`` trials (an EM's error bar; it stays inside [0, 1]).
+
+    >>> [round(x, 3) for x in wilson_interval(0.2, 50)]
+    [0.112, 0.33]
+    """
+    z2 = Z95 * Z95
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = Z95 * ((p * (1 - p) + z2 / (4 * n)) / n) ** 0.5 / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _plot_rewards(ax: Any, s: Stage, rewards: list[tuple[int, float]]) -> None:
+    """Per-sample rewards of an RL stage: the running mean of ``RUNNING_WINDOW`` samples with its 95% band, and each
+    step's mean with its own 95% error bar, so a change smaller than the band reads as the noise it is."""
+    values = [r for _, r in rewards]
+    means, half = running_band(values)
+    x = list(range(1, len(values) + 1))
+    lo, hi = min(values), max(values)  # the band never leaves the range a reward can take
+    half_lo = [min(h, m - lo) for m, h in zip(means, half, strict=True)]
+    half_hi = [min(h, hi - m) for m, h in zip(means, half, strict=True)]
+    ax.plot(x, means, color="tab:blue", label=f"reward, running mean of <= {RUNNING_WINDOW} samples")
+    ax.fill_between(
+        x,
+        [m - h for m, h in zip(means, half_lo, strict=True)],
+        [m + h for m, h in zip(means, half_hi, strict=True)],
+        color="tab:blue",
+        alpha=0.2,
+        label="95% band",
+    )
+    steps = sorted({step for step, _ in rewards})
+    ends, step_means, errs = [], [], []
+    for step in steps:
+        part = [r for st, r in rewards if st == step]
+        ends.append(max(i + 1 for i, (st, _) in enumerate(rewards) if st == step))
+        mean, spread = running_band(part, window=len(part))
+        step_means.append(mean[-1])
+        errs.append(spread[-1])
+    per_step = len(values) // max(len(steps), 1)
+    ax.errorbar(
+        ends,
+        step_means,
+        yerr=errs,
+        fmt="o",
+        color="tab:orange",
+        capsize=3,
+        label=f"step mean ({per_step} samples) ± 95%",
+    )
+    ax.set_title(f"{s.name}: reward per training sample ({len(values)} in all)")
+    ax.set_xlabel("training samples seen")
 
 
 def plot_recipe(stages: list[Stage], out: Path) -> Path:
@@ -174,7 +266,12 @@ def plot_recipe(stages: list[Stage], out: Path) -> Path:
     fig, axes = plt.subplots(1, 1 + len(trained), figsize=(5 * (1 + len(trained)), 4), dpi=100, squeeze=False)
     left = axes[0][0]
     ems = [s.heldout_em for s in stages]
-    left.plot([s.end_step for s in stages], ems, marker="o", color="tab:blue")
+    spans = [wilson_interval(s.heldout_em, s.questions) if s.questions else (s.heldout_em,) * 2 for s in stages]
+    bars = [
+        [e - lo for e, (lo, _) in zip(ems, spans, strict=True)],
+        [hi - e for e, (_, hi) in zip(ems, spans, strict=True)],
+    ]
+    left.errorbar([s.end_step for s in stages], ems, yerr=bars, marker="o", color="tab:blue", capsize=3)
     for s in stages:
         left.annotate(
             f"{s.name}\n{s.heldout_em:.3f}",
@@ -184,13 +281,21 @@ def plot_recipe(stages: list[Stage], out: Path) -> Path:
             ha="center",
             fontsize=8,
         )
-    left.set_title("Held-out EM after each stage")
+    asked = {s.questions for s in stages if s.questions}
+    left.set_title(
+        "Held-out EM after each stage" + (f" ({asked.pop()} questions, 95% bars)" if len(asked) == 1 else "")
+    )
     left.set_xlabel("training step (whole recipe)")
     left.set_ylabel("EM (greedy, with search)")
-    left.set_ylim(0, max(0.1, max(ems) * 1.4))
+    left.set_ylim(0, max(0.1, max(hi for _, hi in spans) * 1.2))
     for ax, s in zip(axes[0][1:], trained, strict=True):
         assert s.run_dir is not None
         series = read_metrics(s.run_dir / "metrics.jsonl")
+        rewards = sample_rewards(s.run_dir)
+        if rewards:
+            _plot_rewards(ax, s, rewards)
+            ax.legend(fontsize=7)
+            continue
         for key in ("sft/nll", "reward/score_mean", "reward/em"):
             if key in series:
                 x, y = zip(*series[key], strict=True)

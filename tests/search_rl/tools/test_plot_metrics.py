@@ -5,9 +5,20 @@ Run: python -m pytest tests/search_rl/tools/test_plot_metrics.py -q
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from search_rl.tools.plot_metrics import PANELS, main, plot_run, read_metrics
+from search_rl.tools.plot_metrics import (
+    PANELS,
+    RUNNING_WINDOW,
+    main,
+    plot_run,
+    read_metrics,
+    running_band,
+    sample_rewards,
+    wilson_interval,
+)
 from search_rl.tracking import build_tracker
 
 
@@ -93,6 +104,29 @@ def test_recipe_plot_draws_every_stage(tmp_path):
     tracker = build_tracker(["jsonl"], rl, 3, "p", "e", {})
     tracker.log({"reward/score_mean": 0.2, "reward/em": 0.1}, 1)
     tracker.close()
-    stages = [Stage("base", 0, 0.0), Stage("sft", 2, 0.13, sft), Stage("rl", 3, 0.21, rl)]
+    (rl / "rollouts").mkdir()
+    for step in (1, 2, 3):  # 16 dumped samples a step, as the demo's RL stage writes them
+        rows = [json.dumps({"step": step, "reward": float(i % 3 == 0)}) for i in range(16)]
+        (rl / "rollouts" / f"train_step_{step:06d}.jsonl").write_text("\n".join(rows) + "\n")
+    stages = [Stage("base", 0, 0.0, questions=50), Stage("sft", 2, 0.13, sft, 50), Stage("rl", 3, 0.21, rl, 50)]
     path = plot_recipe(stages, tmp_path / "plots")
     assert path == tmp_path / "plots" / "recipe.png" and path.stat().st_size > 10_000
+    assert [r for _, r in sample_rewards(rl)][:4] == [1.0, 0.0, 0.0, 1.0] and len(sample_rewards(rl)) == 48
+
+
+def test_the_reward_band_covers_the_noise_of_a_step_of_sixteen_samples():
+    """A constant policy (reward 1 with probability 0.3): per-step means of 16 samples scatter widely, and the 95% band
+    of the running mean holds the true mean at nearly every point (its width is what a reader must not read as a
+    trend)."""
+    import random
+
+    rng = random.Random(0)
+    values = [float(rng.random() < 0.3) for _ in range(16 * 40)]
+    steps = [sum(values[i : i + 16]) / 16 for i in range(0, len(values), 16)]
+    assert max(steps) - min(steps) > 0.3  # a plot of step means draws "trends" from nothing
+    means, half = running_band(values)
+    covered = [abs(m - 0.3) <= h for m, h in zip(means[RUNNING_WINDOW:], half[RUNNING_WINDOW:], strict=True)]
+    assert sum(covered) / len(covered) > 0.85
+    assert all(h < 0.13 for h in half[RUNNING_WINDOW:])
+    low, high = wilson_interval(0.2, 50)
+    assert 0 < low < 0.2 < high < 1 and wilson_interval(0.0, 50)[0] == 0.0
