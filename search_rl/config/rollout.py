@@ -26,8 +26,8 @@ class RetrieverClientConfig:
     the recording ``retriever.recording.path``)."""
     url: str = DEFAULT_URL
     """Base URL(s) of the retriever, comma-separated for several replicas (used round-robin, with failover).
-    A trailing ``/retrieve`` is accepted and stripped. Quote it on the Hydra command line:
-    ``retriever.url='http://a:8000,http://b:8000'``."""
+    A trailing ``/retrieve`` is accepted and stripped. Hydra needs the list quoted, and the shell needs that quote
+    kept: ``"retriever.url='http://a:8000,http://b:8000'"``."""
     topk: int = 3
     """Passages returned per query."""
     timeout_s: float = 30.0
@@ -253,7 +253,8 @@ class VLLMEngineConfig:
     """GPUs one engine shards the model over (GPU only). Training refuses more than 1: each engine lives in a worker
     given one GPU. Evaluation runs its engine in its own process and may shard it over the GPUs that process sees."""
     enforce_eager: bool = True
-    """Run without CUDA graphs / torch.compile: starts in seconds; false is faster per token on GPU once warm."""
+    """Run without CUDA graphs / torch.compile: starts in seconds. vLLM documents false as faster per token on GPU once
+    warm; not measured here."""
     sleep_level: int = 0
     """Colocated GPU only: after a rollout the engine sleeps so the trainer gets the GPU memory back, and wakes for
     the weight update (vLLM sleep mode). 0 = never; 1 = weights offloaded to CPU memory, KV cache dropped; 2 =
