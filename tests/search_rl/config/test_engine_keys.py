@@ -1,5 +1,6 @@
-"""The engine keys of ``actor_rollout_ref.rollout`` (``engine``, ``hf``, ``vllm``, ``gpu_memory_utilization``) are
-written once (``EngineRolloutConfig``) and mean the same in training and evaluation, under the same key paths.
+"""The engine keys of ``actor_rollout_ref.rollout`` (``engine``, ``hf``, ``static``, ``vllm``,
+``gpu_memory_utilization``) are written once (``EngineRolloutConfig``) and mean the same in training and evaluation,
+under the same key paths.
 
 Run: python -m pytest tests/search_rl/config/test_engine_keys.py -q
 """
@@ -19,7 +20,7 @@ ENGINE_KEYS = {f.name for f in dataclasses.fields(EngineRolloutConfig)} - {
 
 
 def test_the_engine_fields_are_declared_once():
-    assert sorted(ENGINE_KEYS) == ["engine", "gpu_memory_utilization", "hf", "vllm"]
+    assert sorted(ENGINE_KEYS) == ["engine", "gpu_memory_utilization", "hf", "static", "vllm"]
     for cls in (TrainRolloutConfig, EvalRolloutConfig):
         assert not ENGINE_KEYS & set(cls.__dict__.get("__annotations__", {})), f"{cls.__name__} redeclares them"
 
