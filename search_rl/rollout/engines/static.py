@@ -47,6 +47,10 @@ LENGTH_QUANTUM = 128
 """Cache lengths and (with graphs) attention widths are rounded up to a multiple of this, so calls of similar
 lengths share one cache and one captured graph."""
 
+PREFILL_TOKENS = 16384
+"""Padded tokens one prefill forward encodes at most (rows are split over several forwards beyond it): bounds the
+activations of a large admission (256 rows x 400 new tokens of a 3B model would hold GBs of MLP activations)."""
+
 GPU_READBACK_STEPS = 8
 """Decode steps between two host readbacks on CUDA (each readback waits for the GPU)."""
 
@@ -315,22 +319,43 @@ class StaticEngine(InProcessEngine):
         return [common if k in takers else c for k, (c, _) in enumerate(found)]
 
     def _encode(self, slots: list[int], suffixes: list[list[int]], starts: list[int]) -> torch.Tensor:
-        """Run ``suffixes`` (each continuing its slot from column ``starts[r]``) through the model, left-padded;
-        return each row's last logits (R, V)."""
+        """Run ``suffixes`` (each continuing its slot from column ``starts[r]``) through the model, left-padded, in
+        forwards of at most ``PREFILL_TOKENS`` padded tokens (rows of similar length together); return each row's last
+        logits (R, V)."""
+        order = sorted(range(len(slots)), key=lambda r: len(suffixes[r]))
+        parts: list[torch.Tensor] = []
+        start = 0
+        while start < len(order):
+            end = start + 1
+            while end < len(order) and (end + 1 - start) * len(suffixes[order[end]]) <= PREFILL_TOKENS:
+                end += 1
+            rows = order[start:end]
+            parts.append(
+                self._encode_rows([slots[r] for r in rows], [suffixes[r] for r in rows], [starts[r] for r in rows])
+            )
+            start = end
+        logits = torch.cat(parts)  # rows in ``order``
+        back = torch.empty(len(order), dtype=torch.long)
+        back[torch.tensor(order)] = torch.arange(len(order))
+        return logits[back.to(logits.device)]
+
+    def _encode_rows(self, slots: list[int], suffixes: list[list[int]], starts: list[int]) -> torch.Tensor:
+        """One left-padded prefill forward of ``suffixes`` into ``slots`` (padding writes the scratch column)."""
         cache = self._cache
         assert cache is not None
-        device, width = self.device, max(len(s) for s in suffixes)
+        width = max(len(s) for s in suffixes)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_token_ids[0]
-        input_ids = torch.full((len(slots), width), pad, dtype=torch.long, device=device)  # (R, S)
-        positions = torch.zeros((len(slots), width), dtype=torch.long, device=device)  # (R, S)
-        cols = torch.full((len(slots), width), cache.scratch, dtype=torch.long, device=device)  # (R, S)
+        input_ids = torch.full((len(slots), width), pad, dtype=torch.long)  # (R, S), built on the host
+        positions = torch.zeros((len(slots), width), dtype=torch.long)  # (R, S)
+        cols = torch.full((len(slots), width), cache.scratch, dtype=torch.long)  # (R, S)
         for r, (suffix, c) in enumerate(zip(suffixes, starts, strict=True)):
-            input_ids[r, width - len(suffix) :] = torch.tensor(suffix, device=device)
-            positions[r, width - len(suffix) :] = torch.arange(c, c + len(suffix), device=device)
+            input_ids[r, width - len(suffix) :] = torch.tensor(suffix)
+            positions[r, width - len(suffix) :] = torch.arange(c, c + len(suffix))
             cols[r, width - len(suffix) :] = positions[r, width - len(suffix) :]
         span = max(c + len(s) for c, s in zip(starts, suffixes, strict=True))
+        device = self.device
         rows = torch.tensor(slots, device=device)
-        return self.decoder.forward(input_ids, positions, cache, rows, cols, span)
+        return self.decoder.forward(input_ids.to(device), positions.to(device), cache, rows, cols.to(device), span)
 
     # --- decode ----------------------------------------------------------------------------------------------
 

@@ -181,6 +181,20 @@ def test_update_weights_gives_the_new_models_outputs(tokenizer):
         engine.update_weights([("nope", torch.zeros(1))], version=4)
 
 
+def test_a_prefill_split_over_several_forwards_gives_the_same_results(tiny_model, tokenizer, monkeypatch):
+    """Admissions larger than ``PREFILL_TOKENS`` padded tokens are encoded in several forwards (rows sorted by length,
+    the results put back in order): the same tokens and log-probs as the HF engine."""
+    from search_rl.rollout.engines import static
+
+    monkeypatch.setattr(static, "PREFILL_TOKENS", 12)  # two or three rows of these prompts per forward
+    prompts = _ids(tokenizer, PROMPTS) * 2 + _ids(tokenizer, ["Q: why?"])
+    params = SamplingParams(max_new_tokens=8, greedy=True, stop=("e",))
+    _assert_same(
+        StaticEngine(tiny_model, tokenizer).generate(prompts, params),
+        HFEngine(tiny_model, tokenizer).generate(prompts, params),
+    )
+
+
 def test_no_prompts_give_no_results(tiny_model, tokenizer):
     assert StaticEngine(tiny_model, tokenizer).generate([], GREEDY) == []
 
