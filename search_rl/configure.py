@@ -2,7 +2,8 @@
 
 Resolution is the one place where names in the config are checked against the registries (advantage estimators,
 policy losses, KL estimators, loss aggregations, reward functions) and where the defaults that depend on them are
-filled (``rollout.engine=auto`` from whether vLLM is installed and runs the model, ``rollout.n`` and
+filled (``rollout.engine=auto`` from whether vLLM is installed and runs the model, ``model.dtype=auto`` from the
+device and what it computes fast (``search_rl.models.compute_dtype``), ``rollout.n`` and
 ``critic.enable`` from what the estimator needs, ``algorithm.tis_cap`` from whether the sampler is the trainer). It
 runs before Ray starts, so a wrong name fails in a second with the key named. The config dataclasses themselves hold
 data and range checks only, and never import the registries.
@@ -26,6 +27,7 @@ from search_rl.config import (
     EngineRolloutConfig,
     EvalConfig,
     HFEngineConfig,
+    ModelConfig,
     PPOConfig,
     RewardConfig,
     SFTConfig,
@@ -34,6 +36,7 @@ from search_rl.config import (
 )
 from search_rl.config.loading import compose_config, to_typed
 from search_rl.config.ppo import DEFAULT_GROUP_SIZE, DEFAULT_TIS_CAP
+from search_rl.models.compute_dtype import AUTO, resolve_compute_dtype
 from search_rl.registry import Registry
 from search_rl.reward import REWARDS
 from search_rl.rollout.engines.choice import choose_engine
@@ -78,12 +81,35 @@ def resolve(cfg: C) -> C:
         on_cpu = device == "cpu" or device == "auto" and not gpu and cfg.trainer.ray_address is None
         rollout = cfg.actor_rollout_ref.rollout
         check_engine_settings(rollout, on_cpu, resolve_engine(rollout, cfg.model.path, gpu))
+        # the workers run on this machine unless they join a running cluster, whose nodes' CPUs and GPUs are unknown
+        here = not cfg.trainer.use_ray or cfg.trainer.ray_address is None
+        resolve_dtype(cfg.model, ("cuda" if gpu else "cpu") if here else None)
     if isinstance(cfg, PPOConfig):
         fill_estimator_defaults(cfg)
     if isinstance(cfg, EvalConfig):
         gpu = _cuda()  # evaluation's engine runs in this process
         check_engine_settings(cfg.rollout, not gpu, resolve_engine(cfg.rollout, cfg.model.path, gpu))
+        resolve_dtype(cfg.model, "cuda" if gpu else "cpu")
     return cfg
+
+
+def resolve_dtype(model: ModelConfig, device: str | None) -> None:
+    """Replace ``model.dtype=auto`` by the compute dtype of ``device`` (``search_rl.models.compute_dtype``), logging
+    why, and record the reason in ``model.dtype_reason``.
+
+    Args:
+        model: the config's ``model``.
+        device: where the models compute (``cpu`` or ``cuda``); None when it is not this machine (a cluster's
+            nodes): ``auto`` stays, and each worker resolves it for its own device.
+    """
+    if device is None:
+        if model.dtype == AUTO:
+            logger.info("model.dtype=auto is resolved by each worker for its own device (the cluster's nodes)")
+        return
+    requested = model.dtype
+    model.dtype, model.dtype_reason = resolve_compute_dtype(requested, device)
+    if requested == AUTO:
+        logger.info("model.dtype=auto -> %s (%s)", model.dtype, model.dtype_reason)
 
 
 def resolve_engine(rollout: EngineRolloutConfig, model_path: str, gpu: bool) -> str:

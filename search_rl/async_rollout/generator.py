@@ -25,7 +25,8 @@ from transformers import PreTrainedModel
 from search_rl.batches import PromptBatch
 from search_rl.config import ModelConfig, RetrieverClientConfig, TrainRolloutConfig
 from search_rl.datatypes import RolloutResult
-from search_rl.models import dtype_of, load_model, load_tokenizer
+from search_rl.models import load_model, load_tokenizer
+from search_rl.models.compute_dtype import compute_dtype_on
 from search_rl.models.weights import save_hf_folder, tensor_aliases
 from search_rl.rollout.backends import build_retriever
 from search_rl.rollout.engines.base import RolloutEngine
@@ -61,7 +62,8 @@ class GeneratorWorker:
         self.tokenizer = load_tokenizer(model.path)
         engine_model = load_model(model.path, dtype=torch.float32, seed=model.seed)
         engine_model.requires_grad_(False)
-        torch.nn.Module.to(engine_model, dtype=dtype_of(model.dtype))  # in place, like the actor's engine copy
+        dtype = compute_dtype_on(model.dtype, spec.torch_device)  # auto: for this generator's device
+        torch.nn.Module.to(engine_model, dtype=dtype)  # in place, like the actor's engine copy
         self.engine = self._build_engine(engine_model, rollout)
         client = build_retriever(retriever) if rollout.do_search and rollout.max_turns > 0 else None
         self.manager = LLMGenerationManager(self.engine, self.tokenizer, client, rollout.search_loop_config())

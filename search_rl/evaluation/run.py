@@ -20,11 +20,12 @@ from search_rl.configure import load_config
 from search_rl.datatypes import Trajectory
 from search_rl.evaluation.fingerprint import pin
 from search_rl.evaluation.metrics import answer_evidence_metrics
-from search_rl.models import dtype_of, load_model, load_tokenizer
+from search_rl.models import load_model, load_tokenizer
+from search_rl.models.compute_dtype import compute_dtype_on
 from search_rl.prompt_data import PromptDataset, read_rows
 from search_rl.reward.scoring import answer_metrics, pass_at_k_metrics, score_trajectories
 from search_rl.rollout.backends import build_retriever, meter_metrics, meter_of, write_backend_manifest
-from search_rl.rollout.engines.factory import build_standalone_engine
+from search_rl.rollout.engines.factory import build_standalone_engine, standalone_device
 from search_rl.rollout.generation_manager import LLMGenerationManager, Retriever
 from search_rl.rollout.prompts import encode_prompt
 from search_rl.templates import load_template, render_prompt
@@ -84,7 +85,8 @@ def evaluate(cfg: EvalConfig, retriever: Retriever | None = None) -> EvalResult:
     dataset = PromptDataset(read_rows(cfg.data.files), tokenizer, 10**9, drop_overlong=False)
     questions = baseline_prompts(cfg, dataset, dataset.subset_indices(cfg.data.max_samples, cfg.data.seed), tokenizer)
     prompts = questions.repeat_interleave(k)  # a question's samples adjacent: its prompt is encoded once
-    model = load_model(cfg.model.path, dtype=dtype_of(cfg.model.dtype), seed=cfg.model.seed)
+    dtype = compute_dtype_on(cfg.model.dtype, standalone_device())  # resolved by the config unless built by hand
+    model = load_model(cfg.model.path, dtype=dtype, seed=cfg.model.seed)
     engine = build_standalone_engine(cfg.rollout, tokenizer, cfg.model, policy=model)
     searching = search or cfg.baseline == "naive_rag"
     searcher = retriever or (build_retriever(cfg.retriever) if searching else None)

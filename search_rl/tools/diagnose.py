@@ -1,9 +1,9 @@
 """One pasteable environment report for bug reports: ``python -m search_rl.tools.diagnose [--retriever-url URL]``.
 
 Sections: versions (Python, torch, transformers, Ray, FAISS, vLLM and the rest of the stack), hardware (CPU cores,
-memory, CUDA devices), Ray (``ray status`` of a running cluster, if any), the retriever (reachability and the index
-``/health`` reports), and the caches (converted models, built indexes). Never fails: every probe reports its own
-error. Output is Markdown, so it renders in a GitHub issue.
+memory, CUDA devices, the compute dtype ``model.dtype=auto`` picks here and why), Ray (``ray status`` of a running
+cluster, if any), the retriever (reachability and the index ``/health`` reports), and the caches (converted models,
+built indexes). Never fails: every probe reports its own error. Output is Markdown, so it renders in a GitHub issue.
 
 ``--eval PATH`` prints instead the search breakdown of an evaluation: ``main_eval``'s ``metrics.json`` (or its
 folder), or a training run's folder (its last validation in ``metrics.jsonl``). Per data source: EM, answer rate,
@@ -93,9 +93,18 @@ def hardware() -> list[str]:
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)
             lines.append(f"- cuda:{i}: {p.name}, {p.total_memory / 2**30:.1f} GiB")
+        lines.append(compute_dtype_line("cuda" if torch.cuda.is_available() else "cpu"))
     except Exception as e:  # a broken torch install is exactly what this report must show
         lines.append(f"- torch: cannot import ({type(e).__name__}: {e})")
     return lines
+
+
+def compute_dtype_line(device: str) -> str:
+    """``- compute dtype: <dtype> (<reason>)``: what ``model.dtype=auto`` resolves to on ``device`` of this machine."""
+    from search_rl.models.compute_dtype import AUTO, resolve_compute_dtype
+
+    name, reason = resolve_compute_dtype(AUTO, device)
+    return f"- compute dtype: {name} ({reason}; model.dtype=auto on this machine's {device})"
 
 
 def ray_status(timeout_s: float = 30.0) -> list[str]:

@@ -11,7 +11,8 @@ loop and calls the typed methods below through ``WorkerGroup.broadcast`` / ``map
 - ``save_checkpoint(dir)`` / ``load_checkpoint(dir)``.
 
 The policy is sharded with FSDP2 on every device (``workers.distributed``): fp32 master weights, forward/backward in
-the compute dtype ``model.dtype``. The engine (HF or vLLM) holds its own full copy in the compute dtype; a sync
+the compute dtype ``model.dtype`` (``auto`` resolved by the config, or here for this worker's device when the config
+could not: ``models.compute_dtype``). The engine (HF or vLLM) holds its own full copy in the compute dtype; a sync
 gathers the full state dict and loads it into the engine (``RolloutEngine.update_weights``), tied tensors once
 under their canonical name (found by identity, ``models.weights``).
 """
@@ -40,7 +41,8 @@ from search_rl.config import (
     TrainRolloutConfig,
 )
 from search_rl.datatypes import RolloutResult
-from search_rl.models import dtype_of, load_model, load_tokenizer
+from search_rl.models import load_model, load_tokenizer
+from search_rl.models.compute_dtype import compute_dtype_on
 from search_rl.models.lora import (
     ADAPTER_DIR,
     adapter_state_dict,
@@ -122,7 +124,7 @@ class ActorRolloutRefWorker:
         self.spec, self.model_cfg, self.actor_cfg, self.rollout_cfg = spec, model, actor, rollout
         self.ref_cfg, self.algo, self.retriever_cfg = ref, algorithm, retriever
         self.tokenizer = load_tokenizer(model.path)
-        self.compute_dtype = dtype_of(model.dtype)
+        self.compute_dtype = compute_dtype_on(model.dtype, spec.torch_device)  # auto: for this worker's device
         # The master copy is fp32 whatever the compute dtype: AdamW's small steps vanish in bf16 weights.
         base = load_model(model.path, dtype=torch.float32, seed=model.seed)
         self.model_config = base.config

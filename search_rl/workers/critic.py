@@ -15,7 +15,7 @@ import torch
 from search_rl.algorithms import compute_value_loss
 from search_rl.batches import TrainBatch
 from search_rl.config import AlgorithmConfig, CriticConfig, ModelConfig
-from search_rl.models import dtype_of
+from search_rl.models.compute_dtype import compute_dtype_on
 from search_rl.models.value_head import ValueModel, build_value_model
 from search_rl.workers import distributed as D
 from search_rl.workers.forward import model_token_count, response_values
@@ -50,7 +50,7 @@ class CriticWorker:
     ) -> None:
         D.setup_worker_process(spec)
         self.spec, self.cfg, self.algo, self.n_samples = spec, critic, algorithm, n_samples
-        self.compute_dtype = dtype_of(model.dtype)
+        self.compute_dtype = compute_dtype_on(model.dtype, spec.torch_device)  # auto: for this worker's device
         # fp32 master weights; forward/backward in the compute dtype (see workers.distributed)
         self.value_model: ValueModel = build_value_model(model.path, dtype=torch.float32, seed=model.seed)
         if model.gradient_checkpointing:

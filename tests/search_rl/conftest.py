@@ -8,18 +8,28 @@ agent loop is exercised end to end with deterministic, readable model output.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import pytest
 import torch
 
 from search_rl.datatypes import Generated, SamplingParams
-from search_rl.models import build_tiny_model, load_tokenizer
+from search_rl.models import build_tiny_model, compute_dtype, load_tokenizer
 from search_rl.rollout.engines.hf import HFEngine
 from search_rl.rollout.prompts import encode_prompt
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cpu_without_amx() -> Iterator[None]:
+    """``model.dtype=auto`` resolves as on a CPU without AMX (float32) in this process, so the tests' float32
+    tolerances hold on AMX machines too; the bf16 tests name ``bfloat16`` or stub the machine themselves
+    (``models/test_compute_dtype.py``)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(compute_dtype, "cpu_flags", frozenset)
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,8 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from search_rl.config import HFEngineConfig, ModelConfig, StaticEngineConfig, VLLMEngineConfig
-from search_rl.models import dtype_of, load_model, model_dir
+from search_rl.models import load_model, model_dir
+from search_rl.models.compute_dtype import compute_dtype_on
 from search_rl.models.weights import save_hf_folder, tensor_aliases
 from search_rl.rollout.engines.base import RolloutEngine
 from search_rl.rollout.engines.hf import HFEngine
@@ -107,13 +108,17 @@ def build_standalone_engine(
 ) -> RolloutEngine:
     """An engine for the model ``model.path`` names, outside training (evaluation, benchmarks), on the device
     ``configure.resolve`` chose ``cfg.engine`` for (``standalone_device``). vLLM loads the model's own folder (in its
-    saved dtype); the in-process engines generate with ``policy`` (loaded in ``model.dtype`` when not given), moved
-    to that device."""
+    saved dtype); the in-process engines generate with ``policy`` (loaded in ``model.dtype`` when not given, ``auto``
+    resolved for that device), moved to that device."""
     device = standalone_device()
     if cfg.engine == "vllm" and model.path != "tiny":
         directory = model_dir(model.path)
         return build_engine(cfg, tokenizer, model=None, export=lambda _: directory, device=device, seed=model.seed)
-    loaded = policy if policy is not None else load_model(model.path, dtype=dtype_of(model.dtype), seed=model.seed)
+    loaded = (
+        policy
+        if policy is not None
+        else load_model(model.path, dtype=compute_dtype_on(model.dtype, device), seed=model.seed)
+    )
 
     def export(directory: str) -> Path:
         aliases = tensor_aliases(loaded)
