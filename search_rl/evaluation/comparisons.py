@@ -8,6 +8,10 @@ one (``retriever`` allows every retriever key, ``retriever.topk`` only the top-k
 A row that cannot be checked is refused too, unless named: one without a fingerprint (``--allow fingerprint``), one
 whose retriever said nothing to pin it on (``retriever.unpinned``: ``--allow retriever.unpinned``).
 
+Keys that say why a value is what it is (``RECORDED_ONLY``: ``engine.dtype_reason``) are written for the reader and
+never compared; the value they explain is (``engine.dtype``): bfloat16 picked by ``model.dtype=auto`` and bfloat16
+named in the config compute alike.
+
 A key that one fingerprint has and another lacks differs (shown ``<absent>``) and is refused unless named: a result
 written before its search-rl recorded the key (the ``rollout`` section: schedule, batch sizes, prefix reuse) ran with
 a value nobody knows, so it is not assumed to be the default. Such older results stay readable; evaluate them again,
@@ -25,6 +29,8 @@ DEFAULT_INTENDED = ("model",)
 """Fingerprint sections that may differ without being named (``compare_evals --allow``)."""
 MISSING = "<absent>"
 """How a key one fingerprint has and another lacks is shown."""
+RECORDED_ONLY = ("engine.dtype_reason",)
+"""Fingerprint keys that explain another key's value: recorded, never compared."""
 NO_FINGERPRINT = "fingerprint"
 """The ``--allow`` key of rows without a fingerprint (evaluated before fingerprints existed)."""
 UNPINNED = "unpinned"
@@ -125,7 +131,8 @@ def check_comparable(
     pinned = [(n, fp) for n, fp in zip(names, fingerprints, strict=True) if fp is not None]
     if len(pinned) < 2:
         return notes
-    diffs = {k: v for k, v in differences([fp for _, fp in pinned]).items() if k not in found}
+    skipped = {*found, *RECORDED_ONLY}
+    diffs = {k: v for k, v in differences([fp for _, fp in pinned]).items() if k not in skipped}
     shown = [n for n, _ in pinned]
     refused = {k: v for k, v in diffs.items() if not _intended(k, allowed)}
     if refused:

@@ -6,10 +6,11 @@ with different fingerprints in one table unless the differences are named as int
 - ``model``: the weights' sha256 (over the loaded tensors, so a GGUF, a checkpoint and the ``tiny`` model are
   hashed alike) and the source path;
 - ``engine``: the rollout engine that generated (``hf``, ``static`` or ``vllm``: what ``engine=auto`` resolved to),
-  the dtype it really ran in (the HF model's parameters; the dtype vLLM reports it loaded, the folder's own) and the
-  settings of that engine that change how sequences are batched and computed (``hf.max_batch_size`` and
-  ``hf.prefix_cache`` for ``hf``/``static``; ``vllm.*`` eager mode, tensor parallelism, KV cache and the GPU share
-  for ``vllm``);
+  the dtype it really ran in (``dtype``: the HF model's parameters, in ``model.dtype`` with ``auto`` resolved for this
+  machine; the dtype vLLM reports it loaded, the folder's own), why (``dtype_reason``: recorded, never compared; the
+  dtype is) and the settings of that engine that change how sequences are batched and computed
+  (``hf.max_batch_size`` and ``hf.prefix_cache`` for ``hf``/``static``; ``vllm.*`` eager mode, tensor parallelism,
+  KV cache and the GPU share for ``vllm``);
 - ``template``: the baseline, the template file's sha256 (``no_search``/``naive_rag``) and the sha256 of every
   evaluated prompt's token ids (the ``search`` baseline's prompt is baked into the rows);
 - ``budgets``: turns, token budgets, decoding (greedy, or ``n_samples`` at a temperature);
@@ -83,6 +84,17 @@ def retriever_health(url: str, timeout_s: float = 10.0) -> dict[str, Any]:
 
 ENGINE_NAMES = {"HFEngine": "hf", "StaticEngine": "static", "VLLMEngine": "vllm"}
 """``actor_rollout_ref.rollout.engine`` names of the engine classes (what ``engine=auto`` resolved to)."""
+
+
+def dtype_reason(cfg: EvalConfig, ran_in: str | None) -> str:
+    """Why the engine ran in ``ran_in``: the config's resolved ``model.dtype`` and its reason, or, where the engine
+    loaded the weights in another dtype (vLLM reads a model folder in its saved dtype), that ``model.dtype`` did not
+    apply."""
+    model = cfg.model
+    why = model.dtype_reason or f"model.dtype={model.dtype}"
+    if ran_in is None or ran_in == model.dtype:
+        return why
+    return f"the engine loaded the weights in their saved dtype; model.dtype={model.dtype} ({why}) did not apply"
 
 
 def engine_identity(engine: object) -> dict[str, str]:
@@ -251,13 +263,14 @@ def pin(
     from search_rl.templates import TEMPLATE_DIR
 
     template = TEMPLATE_DIR / f"{cfg.baseline}.txt" if cfg.baseline != "search" else None
+    identity = engine_identity(engine)
     return build_fingerprint(
         cfg,
         weights=weights_sha256(model),
         prompts=prompts_sha256(prompt_ids),
         data_files=cfg.data.files,
         retriever=describe_retriever(cfg, retriever),
-        engine=engine_identity(engine),
+        engine={**identity, "dtype_reason": dtype_reason(cfg, identity.get("dtype"))},
         template_file=template if template is not None and template.is_file() else None,
         schedule=schedule_that_runs(cfg.rollout.schedule, engine),
     )

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from search_rl import configure
 from search_rl.evaluation.comparisons import check_comparable, differences
 from search_rl.evaluation.fingerprint import (
     build_fingerprint,
@@ -28,7 +29,7 @@ from search_rl.evaluation.fingerprint import (
     weights_sha256,
 )
 from search_rl.main_eval import load_eval_config
-from search_rl.models import load_model, load_tokenizer
+from search_rl.models import compute_dtype, load_model, load_tokenizer
 from search_rl.rollout.backends.http import HttpBackend
 from search_rl.rollout.engines.hf import HFEngine
 from search_rl.tools.compare_evals import main
@@ -236,6 +237,10 @@ def test_the_engine_and_the_dtype_it_ran_in_are_pinned(tokenizer):
     engine = HFEngine(load_model("tiny", dtype=torch.bfloat16), tokenizer)
     fp = pin(cfg, engine.model, engine, [[1, 2]], None)
     assert (fp["engine"]["name"], fp["engine"]["dtype"]) == ("hf", "bfloat16")  # what ran, not what was asked
+    assert fp["engine"]["dtype_reason"] == (
+        "the engine loaded the weights in their saved dtype; model.dtype=float32 (model.dtype=float32 set in the "
+        "config) did not apply"
+    )
     assert "dtype" not in fp["model"]
     assert engine_identity(HFEngine(load_model("tiny"), load_tokenizer("tiny"))) == {"name": "hf", "dtype": "float32"}
 
@@ -246,3 +251,24 @@ def test_the_schedule_that_ran_is_pinned_not_the_one_asked_for(tokenizer, monkey
     assert pin(cfg, engine.model, engine, [[1, 2]], None)["rollout"]["schedule"] == "continuous"
     monkeypatch.setattr(HFEngine, "supports_sessions", property(lambda self: False))  # e.g. a sliding-window cache
     assert pin(cfg, engine.model, engine, [[1, 2]], None)["rollout"]["schedule"] == "turns"
+
+
+def test_the_compute_dtype_auto_chose_is_pinned_with_why_and_only_the_dtype_is_compared(tokenizer, monkeypatch):
+    monkeypatch.setattr(compute_dtype, "cpu_flags", lambda: frozenset({"avx512_bf16", "amx_bf16", "amx_tile"}))
+    monkeypatch.setattr(configure, "_cuda", lambda: False)
+    bf16 = HFEngine(load_model("tiny", dtype=torch.bfloat16), tokenizer)
+    fps = {}
+    for name, dtype in (("auto", "auto"), ("named", "bfloat16")):
+        cfg = load_eval_config(["model=tiny", f"model.dtype={dtype}"])
+        assert cfg.model.dtype == "bfloat16"  # auto on an AMX CPU
+        fps[name] = pin(cfg, bf16.model, bf16, [[1, 2]], None)
+    assert fps["auto"]["engine"]["dtype"] == "bfloat16"
+    assert fps["auto"]["engine"]["dtype_reason"].startswith("CPU has AMX: amx_bf16 and amx_tile flags")
+    assert fps["named"]["engine"]["dtype_reason"] == "model.dtype=bfloat16 set in the config"
+    assert check_comparable(["auto", "named"], [fps["auto"], fps["named"]]) == []  # the same dtype, another reason
+    monkeypatch.setattr(compute_dtype, "cpu_flags", lambda: frozenset({"avx2"}))
+    cfg = load_eval_config(["model=tiny"])
+    fp32 = HFEngine(load_model("tiny", dtype=torch.float32), tokenizer)
+    fps["avx2"] = pin(cfg, fp32.model, fp32, [[1, 2]], None)
+    with pytest.raises(ValueError, match=r"engine\.dtype: auto=bfloat16, avx2=float32\n.*--allow engine"):
+        check_comparable(["auto", "avx2"], [fps["auto"], fps["avx2"]])
