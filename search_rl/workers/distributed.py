@@ -2,7 +2,8 @@
 gloo on CPU (what CI runs), NCCL on GPU. The device is the only difference.
 
 - Parameters and optimizer state are fp32 (the master copy); forward and backward run in the compute dtype
-  (``model.dtype``: ``float32`` on CPU, ``bfloat16`` on GPU) through FSDP2's ``MixedPrecisionPolicy``, and
+  (``model.dtype``; ``auto``: ``bfloat16`` on GPUs and CPUs with AMX, ``float32`` on other CPUs,
+  ``models.compute_dtype``) through FSDP2's ``MixedPrecisionPolicy``, and
   gradients are reduced in fp32. A bf16 master copy would swallow small updates: at lr 1e-6 an AdamW step on bf16
   weights near 0.02 is below bf16's rounding step and changes nothing.
 - FSDP2 averages gradients over ranks, so ``optimization.TrainableModel`` scales each rank's loss by
@@ -191,10 +192,14 @@ def shard(model: nn.Module, spec: WorkerSpec, compute_dtype: torch.dtype) -> nn.
 
     ``model``'s parameters keep their dtype (fp32 for a trained model: the master copy); when ``compute_dtype``
     differs, forward and backward run in it and gradients are reduced in fp32.
+
+    Raises:
+        ValueError: the ranks compute in different dtypes (``model.dtype=auto`` resolved on nodes of different kinds).
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    _check_same_dtype(compute_dtype, spec)
     model.to(spec.torch_device)
     mesh = init_device_mesh(spec.torch_device.type, (spec.world_size,))
     param_dtype = next(model.parameters()).dtype
@@ -207,6 +212,20 @@ def shard(model: nn.Module, spec: WorkerSpec, compute_dtype: torch.dtype) -> nn.
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
+
+
+def _check_same_dtype(compute_dtype: torch.dtype, spec: WorkerSpec) -> None:
+    """Every rank computes in ``compute_dtype``: FSDP2 all-gathers the parameters in it, so ranks that resolved
+    ``model.dtype=auto`` differently (an AMX node beside an AVX2 one) would exchange tensors of different types."""
+    code = _DTYPE_CODES.index(compute_dtype) if compute_dtype in _DTYPE_CODES else len(_DTYPE_CODES)
+    if all_reduce_max(code, spec) != -all_reduce_max(-code, spec):
+        raise ValueError(
+            f"rank {spec.rank} computes in {compute_dtype}, another rank in another dtype (model.dtype=auto resolves "
+            "per node: their CPUs or GPUs differ); set model.dtype=float32 or bfloat16 for the whole cluster"
+        )
+
+
+_DTYPE_CODES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def full_state_dict(model: nn.Module, *, rank0_only: bool = False) -> dict[str, torch.Tensor]:
