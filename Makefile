@@ -93,12 +93,14 @@ test-vllm: install-vllm
 
 # The GPU check's luggage (docs/training.md "Checking a GPU machine"): the packages a bare CUDA machine (Python 3.12 with
 # torch, transformers, peft, safetensors, pandas, pyarrow, httpx) lacks for `bench/gpu_check.py` - Hydra, the BM25
-# retriever's FastAPI/uvicorn/httptools stack, bm25s - as wheels for that Python, plus the SmolLM2 tokenizer, into GPU_WHEELS_DIR
-# (git-ignored; ~8 MB). Ray (a 79 MB wheel) comes with `make gpu-wheels-ray`; FAISS is left out (BM25 only).
+# retriever's FastAPI/uvicorn/httptools stack, bm25s, pytest for its gpu tests - as wheels for that Python, plus the
+# SmolLM2 tokenizer, into GPU_WHEELS_DIR (git-ignored; ~10 MB). Ray (a 79 MB wheel) comes with `make gpu-wheels-ray`;
+# FAISS is left out (BM25 only).
 GPU_WHEELS_DIR ?= .whl
 GPU_WHEELS := hydra-core==1.3.8 omegaconf==2.3.1 fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 \
 	pydantic==2.13.4 pydantic-core==2.46.4 pydantic-settings==2.14.1 python-dotenv==1.2.2 annotated-types==0.7.0 \
-	typing-inspection==0.4.2 typing-extensions==4.16.0 opentelemetry-api==1.45.2 httptools==0.9.0 bm25s==0.3.16 PyStemmer==3.1.0 cachetools==8.0.2 orjson==3.13.0
+	typing-inspection==0.4.2 typing-extensions==4.16.0 opentelemetry-api==1.45.2 httptools==0.9.0 bm25s==0.3.16 PyStemmer==3.1.0 cachetools==8.0.2 orjson==3.13.0 \
+	pytest==9.0.3 pluggy==1.6.0 iniconfig==2.3.0 pygments==2.20.0 pytest-timeout==2.4.0 packaging==26.4
 GPU_PLATFORMS := $(foreach n,2_28 2_27 2_17 2_5,--platform manylinux_$(n)_x86_64) --platform manylinux2014_x86_64 \
 	--platform manylinux1_x86_64
 gpu-wheels:

@@ -40,6 +40,8 @@ class LeverRow:
     loss: float
     grad_norm: float
     peak_gb: float
+    weights_norm: float = float("nan")
+    """The L2 norm of the weights after the row's update (at lr 1e-30 every row must keep the first's)."""
 
     @property
     def update_tok_s(self) -> float:
@@ -160,6 +162,8 @@ def compare_levers(
             torch.cuda.synchronize()
         t3 = time.perf_counter()
         peak = torch.cuda.max_memory_allocated() / 2**30 if gpu else float("nan")
+        local = [getattr(p, "to_local", lambda p=p: p)() for p in worker.module.parameters()]  # FSDP2: one rank
+        norm = math.sqrt(sum(float(torch.linalg.vector_norm(t.detach())) ** 2 for t in local))  # one parameter at a time: no large temporaries
         rows.append(
             LeverRow(
                 name,
@@ -170,6 +174,7 @@ def compare_levers(
                 metrics["actor/loss"],
                 metrics["actor/grad_norm"],
                 peak,
+                norm,
             )
         )
         print(f"done: {format_row(rows[-1])}", flush=True)  # kept if a time limit stops the rest
