@@ -108,7 +108,7 @@ def test_other_faiss_factories(tmp_path: Path, factory: str, make_corpus: Callab
     retriever = load_retriever(corpus, s)
     scores, positions = retriever.search([corpus.contents[7], corpus.contents[42]], 3)
     assert positions[:, 0].tolist() == [7, 42]
-    assert np.all(np.diff(scores, axis=1) <= 1e-6)
+    assert np.all(np.diff(scores, axis=1) <= 0)  # FAISS returns each query's hits sorted by their own scores
 
 
 @pytest.mark.slow

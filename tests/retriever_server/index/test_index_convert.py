@@ -12,6 +12,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 import pytest
+from numerics import assert_same_top_k, reorder_tol
 
 from retriever_server.index.convert import VectorSource, convert, main, shard_bounds
 from retriever_server.index.shipped_embeddings import SHIPPED_EMBEDDINGS_DIR
@@ -95,8 +96,8 @@ def test_shards_merge_to_the_single_index_top_k(vectors: Path, tmp_path: Path) -
     q = queries(vectors)
     merged_scores, merged = ShardedIndex(shards, [0, 2500]).search(q, 10)
     scores, positions = read_faiss_index(single).search(q, 10)
-    assert np.array_equal(merged, positions)
-    assert np.allclose(merged_scores, scores, atol=1e-6)
+    # each shard's BLAS blocks the 384-term inner products of unit vectors its own way (tests/numerics.py)
+    assert_same_top_k(merged, merged_scores, positions, scores, reorder_tol(q.shape[1]))
     assert (merged >= 2500).any() and (merged < 2500).any()  # both shards contribute
 
 

@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+from numerics import FP32_EPS
 
 import search_rl.algorithms.gspo as gspo_module
 from search_rl.algorithms import POLICY_LOSSES, compute_actor_loss
@@ -27,6 +28,9 @@ LOG_RATIO = [[0.1, -0.3, 0.5, 9.0], [-0.2, -0.4, 7.0, 0.0]]
 MASK = [[1, 1, 1, 0], [1, 1, 0, 1]]
 ADV = [[1.0, 1.0, 1.0, 1.0], [-1.0, -1.0, -1.0, -1.0]]
 S0, S1 = math.exp(0.1), math.exp(-0.2)
+HAND_ATOL = 8 * FP32_EPS * 2
+"""float32 results of a few ops (a mean of up to 6 log-ratios, an exp, a clip, a mean of 2) on this module's hand
+values, all of size < 2, against exact arithmetic: under 8 roundings of eps at that size (1.9e-6)."""
 
 
 def _inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -41,15 +45,15 @@ def test_gspo_hand_computed_loss_gradient_and_metrics():
     )
     logprobs, old, adv, mask = _inputs()
     loss, metrics = POLICY_LOSSES.get("gspo")(logprobs, old, adv, mask, cfg)
-    assert loss.item() == pytest.approx((-S0 + 0.9) / 2, abs=1e-6)  # mean over the two sequences' token means
+    assert loss.item() == pytest.approx((-S0 + 0.9) / 2, abs=HAND_ATOL)  # mean over the two sequences' token means
     loss.backward()
     # seq 0: d/d logp_t of (1/2)(1/3) sum_t -A s_t = -s0 / 6 on each of its 3 model tokens; seq 1 is clipped.
     expected = torch.tensor([[-S0 / 6, -S0 / 6, -S0 / 6, 0.0], [0.0, 0.0, 0.0, 0.0]])
     torch.testing.assert_close(logprobs.grad, expected)
     assert metrics["actor/clipfrac"] == pytest.approx(3 / 6)  # seq 1's three model tokens
     assert metrics["actor/seq_clipfrac"] == pytest.approx(1 / 2)
-    assert metrics["actor/seq_ratio_mean"] == pytest.approx((S0 + S1) / 2, abs=1e-6)
-    assert metrics["actor/ppo_kl"] == pytest.approx(-(0.1 - 0.3 + 0.5 - 0.2 - 0.4 + 0.0) / 6, abs=1e-6)
+    assert metrics["actor/seq_ratio_mean"] == pytest.approx((S0 + S1) / 2, abs=HAND_ATOL)
+    assert metrics["actor/ppo_kl"] == pytest.approx(-(0.1 - 0.3 + 0.5 - 0.2 - 0.4 + 0.0) / 6, abs=HAND_ATOL)
     assert metrics["actor/pg_clipfrac_lower"] == 0.0 and metrics["actor/pg_loss"] == pytest.approx(loss.item())
 
 
@@ -86,7 +90,7 @@ def test_gspo_equals_ppo_clip_when_each_token_has_the_sequence_ratio(agg):
         loss.backward()
         losses.append(loss.item())
         grads.append(logprobs.grad * mask)
-    assert losses[0] == pytest.approx(losses[1], abs=1e-6)
+    assert losses[0] == pytest.approx(losses[1], abs=HAND_ATOL)
     torch.testing.assert_close(grads[0], grads[1])
 
 
@@ -97,7 +101,7 @@ def test_gspo_through_compute_actor_loss_and_config():
     assert metrics["actor/loss"] == pytest.approx(loss.item()) and "actor/seq_ratio_mean" in metrics
     # Defaults (clip 0.2 / 0.2): seq 1's 0.819 is inside [0.8, 1.2], so nothing is clipped.
     assert metrics["actor/clipfrac"] == 0.0
-    assert loss.item() == pytest.approx((-S0 + S1) / 2, abs=1e-6)
+    assert loss.item() == pytest.approx((-S0 + S1) / 2, abs=HAND_ATOL)
 
 
 def test_gspo_sequence_without_model_tokens_counts_nothing():
@@ -106,8 +110,8 @@ def test_gspo_sequence_without_model_tokens_counts_nothing():
     logprobs = torch.tensor([[0.1, 0.1], [30.0, 30.0]], requires_grad=True)
     mask = torch.tensor([[1, 1], [0, 0]])
     loss, metrics = POLICY_LOSSES.get("gspo")(logprobs, old, torch.ones(2, 2), mask, cfg)
-    assert loss.item() == pytest.approx(-math.exp(0.1), abs=1e-6)
-    assert metrics["actor/seq_ratio_mean"] == pytest.approx(math.exp(0.1), abs=1e-6)
+    assert loss.item() == pytest.approx(-math.exp(0.1), abs=HAND_ATOL)
+    assert metrics["actor/seq_ratio_mean"] == pytest.approx(math.exp(0.1), abs=HAND_ATOL)
     assert metrics["actor/seq_clipfrac"] == 0.0
 
 

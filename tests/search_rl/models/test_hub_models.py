@@ -37,7 +37,7 @@ def offline_cache(tmp_path, monkeypatch, tokenizer):
 def test_a_hub_id_loads_from_the_cache_offline(offline_cache, tokenizer):
     model = load_model(REPO)
     for name, tensor in offline_cache.state_dict().items():
-        torch.testing.assert_close(model.state_dict()[name], tensor)
+        torch.testing.assert_close(model.state_dict()[name], tensor, rtol=0, atol=0)  # the saved bytes, read back
     assert load_tokenizer(REPO).encode("Who wrote Hamlet?") == tokenizer.encode("Who wrote Hamlet?")
     assert model_context_length(REPO, tokenizer) == offline_cache.config.max_position_embeddings
 

@@ -14,6 +14,7 @@ import time
 
 import pytest
 import torch
+from numerics import assert_reordered_close
 
 from search_rl.config import HFEngineConfig, RolloutConfig
 from search_rl.datatypes import Generated, Passage, SamplingParams
@@ -64,7 +65,9 @@ def test_greedy_session_with_late_joiners_equals_generate(tiny_engine, tokenizer
         alone = HFEngine(tiny_engine.model, tokenizer).generate([prompts[key]], params, [limit])[0]
         assert out[key].token_ids == alone.token_ids
         assert out[key].finish_reason == alone.finish_reason == "length"
-        assert torch.allclose(torch.tensor(out[key].logprobs), torch.tensor(alone.logprobs), atol=1e-4)
+        # merged caches and trimmed columns attend over the sequence in another order (tests/numerics.py)
+        n_terms = len(prompts[key]) + limit
+        assert_reordered_close(torch.tensor(out[key].logprobs), torch.tensor(alone.logprobs), n_terms)
 
 
 def test_seeded_samples_do_not_depend_on_batch_mates(tiny_model, tokenizer):

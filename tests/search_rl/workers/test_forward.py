@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from numerics import assert_reordered_close
+from worker_factory import gradient_terms, logprob_terms
 
 from search_rl.models import build_tiny_model
 from search_rl.workers import forward
@@ -36,12 +38,13 @@ def test_only_the_loss_tokens_are_computed_and_nothing_changes_for_the_loss(
     assert (~mask & rollout_batch.response_attention_mask.bool()).any(), "the rollout should contain observations"
     full_lp, full_ent, full_grads = _masked_loss_and_grads(model, rollout_batch, None)
     lp, ent, grads = _masked_loss_and_grads(model, rollout_batch, rollout_batch.response_mask)
-    torch.testing.assert_close(lp[mask], full_lp[mask])
-    torch.testing.assert_close(ent[mask], full_ent[mask])
+    # the output head multiplies fewer rows, which a kernel may block and sum otherwise (numerics.py)
+    assert_reordered_close(lp[mask], full_lp[mask], logprob_terms(rollout_batch))
+    assert_reordered_close(ent[mask], full_ent[mask], logprob_terms(rollout_batch))
     assert (lp[~mask] == 0).all() and (ent[~mask] == 0).all()
     assert (full_lp[~mask & rollout_batch.response_attention_mask.bool()] != 0).any()
     for a, b in zip(grads, full_grads, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+        assert_reordered_close(a, b, gradient_terms(rollout_batch), rows=True)
 
     shapes: list[tuple[int, ...]] = []
     hook = model.lm_head.register_forward_hook(lambda _m, _i, out: shapes.append(tuple(out.shape)))

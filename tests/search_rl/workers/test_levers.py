@@ -14,9 +14,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from numerics import FP32_EPS, assert_reordered_close, reorder_tol
+from numerics import assert_reordered_close, reorder_tol
 from transformers import LlamaForCausalLM
-from worker_factory import gradient_terms, logprob_terms, make_actor, run_two_ranks, whole
+from worker_factory import (
+    assert_same_adamw_step,
+    gradient_terms,
+    logprob_terms,
+    make_actor,
+    run_two_ranks,
+    whole,
+)
 
 from search_rl.batches import TrainBatch
 from search_rl.models.tiny import tiny_llama_config
@@ -30,8 +37,6 @@ from search_rl.workers.micro_batches import length_order, micro_batches, padded_
 # entropies, ``gradient_terms`` for gradients and the scalar metrics (means over the batch's tokens). Measured on
 # AVX2 with 1 and 2 threads: log-probs within 1e-7 of their scale and gradients within 2e-6 of theirs, against
 # bounds of about 6e-5 and 2e-4.
-ADAM_EPS = 1e-8
-"""``torch.optim.AdamW``'s default ``eps``, which the workers keep."""
 
 
 def _model(tokenizer, tied: bool) -> LlamaForCausalLM:
@@ -121,30 +126,6 @@ def _one_step(batch: TrainBatch, **levers) -> tuple[dict[str, float], list[torch
     return metrics, before, [whole(p) for p in trainable.params], grads
 
 
-def _assert_same_adam_step(before, after, expected_after, grads, expected_grads) -> float:
-    """Assert two first AdamW steps from the same weights agree wherever their gradients share a sign; return the
-    fraction of weights that compared.
-
-    A first step moves a weight by ``lr * g / (|g| + eps_adam)`` (the moments are ``g`` and ``g**2`` once
-    bias-corrected) plus the decay, which is the same for both. For gradients ``g`` and ``h`` of one sign the moves
-    differ by ``lr * eps_adam * ||g| - |h|| / ((|g| + eps_adam) * (|h| + eps_adam))`` plus the ~10 roundings of the
-    update in each run and the last one of ``w - update``. That first term is why raw weights cannot be compared
-    with one tolerance: near ``|g| ~ eps_adam`` a last-bit gradient difference moves a weight by a good part of
-    ``lr`` (2.2e-5 at lr 1e-2 on a CPU with AMX), and where the signs differ (a gradient within its rounding of 0,
-    which the gradient comparison covers) by up to ``2 * lr``.
-    """
-    compared = total = 0
-    for w0, w, w_ref, g, g_ref in zip(before, after, expected_after, grads, expected_grads, strict=True):
-        same_sign = torch.sign(g) == torch.sign(g_ref)
-        normalised = ADAM_EPS * (g.abs() - g_ref.abs()).abs() / ((g.abs() + ADAM_EPS) * (g_ref.abs() + ADAM_EPS))
-        bound = LR * (normalised + 20 * FP32_EPS) + FP32_EPS * (w0.abs() + LR)
-        off = ((w - w_ref).abs() > bound) & same_sign
-        worst = float((w - w_ref).abs()[off].max()) if off.any() else 0.0
-        assert not off.any(), f"{int(off.sum())} weights moved differently, by up to {worst}"
-        compared, total = compared + int(same_sign.sum()), total + same_sign.numel()
-    return compared / total
-
-
 @pytest.mark.parametrize(
     "levers",
     [
@@ -155,8 +136,8 @@ def _assert_same_adam_step(before, after, expected_after, grads, expected_grads)
     ids=["chunked", "token-budget", "both"],
 )
 def test_one_update_step_is_the_same_with_the_levers(rollout_batch, levers):
-    """The gradients the optimizer step used agree to their summation order, and so do the metrics and the step
-    where Adam's normalisation keeps the gradients' rounding out of it (``_assert_same_adam_step``)."""
+    """The gradients the optimizer step used agree to their summation order, the metrics too, and the step moved
+    each weight as Adam moves it for the two gradients (``assert_same_adamw_step``)."""
     batch = rollout_batch.select(torch.arange(4))  # one mini-batch: one optimizer step
     base, initial, base_params, base_grads = _one_step(batch)
     fast, fast_initial, fast_params, fast_grads = _one_step(batch, **levers)
@@ -168,7 +149,7 @@ def test_one_update_step_is_the_same_with_the_levers(rollout_batch, levers):
     for a, b in zip(fast_grads, base_grads, strict=True):
         assert_reordered_close(a, b, n, rows=True)
     assert all(torch.equal(a, b) for a, b in zip(fast_initial, initial, strict=True)), "the same initial weights"
-    assert _assert_same_adam_step(initial, fast_params, base_params, fast_grads, base_grads) > 0.99, "signs agree"
+    assert_same_adamw_step(fast_params, base_params, fast_grads, base_grads, LR)
     moved = max(float((a - b).abs().max()) for a, b in zip(base_params, initial, strict=True))
     assert moved > LR / 2, "the step moved the weights by about lr (the comparison is not vacuous)"
 

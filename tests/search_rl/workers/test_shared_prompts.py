@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from numerics import assert_reordered_close
+from worker_factory import gradient_terms, logprob_terms
 
 from search_rl.models import build_tiny_model
 from search_rl.workers.forward import response_logprobs
@@ -51,9 +53,10 @@ def test_shared_prompts_give_the_full_passes_log_probs_and_gradients(rollout_bat
     batch = rollout_batch.select(torch.tensor([0, 2, 4, 6, 1, 3, 5, 7]))
     full_lp, full_grads = _full(model, batch, micro_size)
     lp, grads, shared = _shared(model, batch, micro_size)
-    torch.testing.assert_close(lp, full_lp, rtol=1e-4, atol=1e-5)
+    # a prompt read from the shared cache is attended in other blocks than in a full pass (numerics.py)
+    assert_reordered_close(lp, full_lp, logprob_terms(batch))
     for a, b in zip(grads, full_grads, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-6)
+        assert_reordered_close(a, b, gradient_terms(batch), rows=True)
     keys = prompt_keys(batch)
     assert shared.distinct == len(set(keys)) == 4
     assert shared.saved_tokens == sum(len(k) - 1 for k in keys[4:])  # the second copy of each prompt
@@ -67,7 +70,7 @@ def test_shared_prompts_without_gradient(rollout_batch, tokenizer):
         lp, _ = response_logprobs(model, rollout_batch, 1.0, shared=shared)
         shared.backward()  # nothing to send: a no-op
     real = rollout_batch.response_attention_mask.bool()
-    torch.testing.assert_close(lp[real], full[real], rtol=1e-4, atol=1e-5)
+    assert_reordered_close(lp[real], full[real], logprob_terms(rollout_batch))
     assert (lp[~real] == 0).all()
 
 

@@ -109,6 +109,45 @@ def logprob_terms(batch: TrainBatch) -> int:
     return int(batch.attention_mask.shape[1])
 
 
+ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8
+"""``torch.optim.AdamW``'s defaults, which the workers keep."""
+
+
+def adamw_move(grad: torch.Tensor, moments: tuple[torch.Tensor, torch.Tensor] | None, step: int, lr: float):
+    """What AdamW's step ``step`` (1-based) subtracts for ``grad``, weight decay aside, in float64, and the same with
+    the first moment's terms summed in absolute value (the size its float32 rounding scales with: the new gradient
+    and the old moment can cancel); ``moments``: ``(exp_avg, exp_avg_sq)`` after the steps before (None on the
+    first)."""
+    (b1, b2), g = ADAM_BETAS, grad.double()
+    m_prev, v_prev = moments if moments is not None else (torch.zeros_like(g), torch.zeros_like(g))
+    m = b1 * m_prev.double() + (1 - b1) * g
+    m_terms = b1 * m_prev.double().abs() + (1 - b1) * g.abs()
+    v = b2 * v_prev.double() + (1 - b2) * g * g
+    scale = lr / (1 - b1**step) / ((v / (1 - b2**step)).sqrt() + ADAM_EPS)
+    return m * scale, m_terms * scale
+
+
+def assert_same_adamw_step(after, expected_after, grads, expected_grads, lr: float, step: int = 1, moments=None):
+    """Assert two AdamW steps from the same weights and moments, taken with gradients that differ by rounding, moved
+    each weight as Adam moves it for those two gradients: ``|adamw_move(g) - adamw_move(h)|`` apart, plus the
+    update's float32 roundings (~10, of the size of its terms, in each run) and the last one of ``w - move``.
+
+    Raw weights cannot share one tolerance: Adam divides by ``sqrt(v) + eps``, so where a gradient is near ``eps``
+    (1e-8) a last-bit difference moves the weight by a good part of ``lr`` (2.2e-5 at lr 1e-2 was seen on a CPU
+    with AMX), and where it changes sign by up to ``2 * lr``. The gradients themselves are compared by the caller;
+    this checks that the step applied them. ``moments``: per parameter, as for ``adamw_move``.
+    """
+    eps32 = torch.finfo(torch.float32).eps
+    for i, (w, w_ref, g, g_ref) in enumerate(zip(after, expected_after, grads, expected_grads, strict=True)):
+        state = moments[i] if moments is not None else None
+        (move, size), (move_ref, size_ref) = adamw_move(g, state, step, lr), adamw_move(g_ref, state, step, lr)
+        bound = (move - move_ref).abs() + 10 * eps32 * (size + size_ref) + eps32 * w_ref.double().abs()
+        diff = (w.double() - w_ref.double()).abs()
+        off = diff > bound
+        worst = float((diff - bound)[off].max()) if off.any() else 0.0
+        assert not off.any(), f"parameter {i}: {int(off.sum())} weights moved otherwise than Adam would, by {worst:.3g}"
+
+
 def whole(t: torch.Tensor) -> torch.Tensor:
     """The whole tensor behind a (possibly FSDP2-sharded) parameter or gradient, detached, on CPU."""
     full = getattr(t, "full_tensor", None)
