@@ -12,18 +12,27 @@ Then:
    next step and does not redo the first);
 3. **tied-embedding sync**: the checkpoint loaded into an FSDP2-sharded policy, its gathered state dict synced into
    an HF engine built from the *initial* weights: the engine's head is still its embedding, equal to the policy's
-   (in the engine's dtype), and the two models' logits agree.
+   (in the engine's dtype), and the two models' logits agree;
+4. **logprob**: every step's mean |engine - trainer| log-prob (the actor recomputes the old log-probs) within a bound
+   derived from bf16 rounding, ``2 * 2^-8 * sqrt(layers)`` (0.047 at 36 layers; 1e-4 in float32);
+5. **graph_replay**: the static engine on the initial weights, greedy, with its decode steps replayed from CUDA
+   graphs against the same steps run eagerly: the same tokens, its replay checks within their bound, no fallback;
+6. **gpu_tests**: ``python -m pytest -m gpu`` over the test files carrying the marker; all must pass;
+7. with ``--levers``, **levers**: each lever's loss, gradient norm and weights against the levers off.
 
-Any failed check exits non-zero naming it. Then a table per step, a phase table (generate, old/reference log-prob
-passes, update, weight sync: mean seconds and share of the step), the generation rate and, where the actor
+The bounds and why they hold are in ``bench/gpu_gates.py``. Each check prints ``check <name> ok <what it saw>`` or
+``check <name> FAILED <why>``; the checks after a failed one still run (those that need its result are left out),
+and the script then exits non-zero naming every failed check. Then a table per step, a phase table (generate,
+old/reference log-prob passes, update, weight sync: mean seconds and share of the step) with the generate share
+against its target (at most 40% of the step; a target, not a check), the generation rate and, where the actor
 recomputes the old log-probs (an engine in bf16), the engine's mean |difference| from them; the last line reads
-``gpu_check ok device=... use_ray=... step_s=... gen_tok_s=... update_tok_s=... mfu=... peak_gb=... changed=...
-logprob_diff=...``.
+``gpu_check ok device=... use_ray=... step_s=... gen_tok_s=... gen_share=... update_tok_s=... mfu=... peak_gb=...
+changed=... logprob_diff=... logprob_bound=...``.
 
 ``--arch``: ``smollm2-135m`` (default), ``qwen2.5-0.5b``, ``qwen2.5-3b`` (full fine-tuning), ``qwen2.5-7b`` (LoRA
 rank 32 by default; no resume check: a second 30 GB checkpoint would not fit the disk). ``--levers`` then runs one
 update and its log-prob passes with and without the speed levers on one batch and prints seconds, update tokens/s,
-loss and gradient norm of each (``bench/update_levers.py``).
+loss and gradient norm of each (``bench/update_levers.py``), and checks them (7. above).
 
 On a bare CUDA machine (Python 3.12 with torch, transformers, peft, safetensors, pandas, pyarrow, httpx; no network,
 no Hydra, FastAPI or FAISS), carry the repository and what ``make gpu-wheels`` gathered into ``.whl/`` (~8 MB), and::
@@ -54,6 +63,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 SITE = Path(tempfile.gettempdir()) / "search-rl-gpu-check-site"
@@ -62,6 +72,9 @@ PEAK_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0}
 """Dense bf16 tensor-core peaks from the datasheets (SXM parts)."""
 
 PHASES = ("rollout", "old_log_prob", "ref_log_prob", "update_actor", "sync_weights")
+
+GENERATE_SHARE_TARGET = 0.40
+"""The rollout's share of a step to aim for (a target reported beside the phase table, not a check)."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +94,10 @@ class Arch:
     @property
     def tied(self) -> bool:
         return bool(self.fields.get("tie_word_embeddings"))
+
+    @property
+    def layers(self) -> int:
+        return int(str(self.fields["num_hidden_layers"]))
 
     @property
     def lora_rank(self) -> int:
@@ -214,6 +231,10 @@ class Run:
     overrides: list[str]
 
     @property
+    def compute_dtype(self) -> str:
+        return "bfloat16" if self.device == "cuda" else "float32"
+
+    @property
     def run_dir(self) -> Path:
         return self.out / "run"
 
@@ -257,17 +278,31 @@ class Run:
         return [json.loads(line) for line in lines if line.strip()]
 
 
-def check_resume(before: list[dict[str, float]], after: list[dict[str, float]], steps: int) -> None:
+def check_changed(changed: float, steps: int) -> str:
+    """Most of the weights moved in ``steps`` steps (``changed``: the fraction that did; fp32 masters keep even
+    lr-1e-6 updates)."""
+    from gpu_gates import CheckFailed
+
+    if not changed > 0.5:
+        raise CheckFailed(f"only {changed:.4f} of the elements moved in {steps} steps")
+    return f"{changed:.4f} of the elements moved in {steps} steps"
+
+
+def check_resume(before: list[dict[str, float]], after: list[dict[str, float]], steps: int) -> str:
     """The second run continued the first: its history is the first's plus step ``steps + 1``, nothing redone."""
+    from gpu_gates import CheckFailed
+
     seen = [int(m["step"]) for m in after]
     if seen != [*range(1, steps + 2)] or after[:steps] != before:
-        sys.exit(f"gpu_check FAILED resume: expected steps 1..{steps + 1} with the first {steps} kept, got {seen}")
+        raise CheckFailed(f"expected steps 1..{steps + 1} with the first {steps} kept, got {seen}")
+    return f"resumed at step {steps + 1}, steps 1..{steps} kept"
 
 
-def check_tied_sync(run: Run, step: int) -> float:
+def check_tied_sync(run: Run, step: int) -> str:
     """Sync the step-``step`` checkpoint from an FSDP2-sharded policy into an HF engine of the initial weights; the
-    largest logit difference between the two. Exits when the engine's head is not its (synced) embedding."""
+    largest logit difference between the two. Fails when the engine's head is not its (synced) embedding."""
     import torch
+    from gpu_gates import CheckFailed
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from search_rl.models import dtype_of
@@ -290,17 +325,17 @@ def check_tied_sync(run: Run, step: int) -> float:
     engine.update_weights(state.items(), version=step)
     head, embed = engine_model.lm_head.weight, engine_model.model.embed_tokens.weight
     if head is not embed:
-        sys.exit("gpu_check FAILED tied sync: the engine's lm_head is no longer its embedding")
+        raise CheckFailed("the engine's lm_head is no longer its embedding")
     if not torch.equal(embed, state["model.embed_tokens.weight"].to(device, compute)):
-        sys.exit("gpu_check FAILED tied sync: the engine's embedding is not the policy's")
+        raise CheckFailed("the engine's embedding is not the policy's")
     ids = torch.tensor([tokenizer.encode("Who wrote Hamlet?")], device=device)
     with torch.no_grad():
         diff = (engine_model(input_ids=ids).logits.float() - policy(input_ids=ids).logits.float()).abs().max().item()
     tolerance = 5e-2 if gpu else 1e-4  # both bf16 forwards on GPU; float32 on CPU
-    if not diff <= tolerance:
-        sys.exit(f"gpu_check FAILED tied sync: logits differ by {diff:.3g} (> {tolerance})")
     torch.distributed.destroy_process_group()
-    return diff
+    if not diff <= tolerance:
+        raise CheckFailed(f"logits differ by {diff:.3g} (> {tolerance})")
+    return f"engine head is its embedding, equal to the policy's; logits max |diff| {diff:.3g}"
 
 
 def install_wheels(folders: list[Path]) -> None:
@@ -324,9 +359,9 @@ def install_wheels(folders: list[Path]) -> None:
     os.execve(sys.executable, [sys.executable, *argv], {**os.environ, "PYTHONPATH": path})
 
 
-def phase_table(history: list[dict[str, float]]) -> None:
+def phase_table(history: list[dict[str, float]]) -> float:
     """Mean seconds of each phase over the steps after the first (all steps when there is one) and its share of the
-    step, then the generation rate."""
+    step, then the generation rate; returns the rollout's share."""
     steps = history[1:] or history
     step_s = statistics.mean(m["timing/step_s"] for m in steps)
     print(f"phase (mean of steps {int(steps[0]['step'])}-{int(steps[-1]['step'])}) | s | share of step")
@@ -337,6 +372,9 @@ def phase_table(history: list[dict[str, float]]) -> None:
         print(f"{phase} | {seconds:.2f} | {seconds / step_s:.1%}")
     print(f"other | {step_s - accounted:.2f} | {(step_s - accounted) / step_s:.1%}")
     print(f"step | {step_s:.2f} | 100.0%")
+    share = statistics.mean(m.get("timing/rollout_s", 0.0) for m in steps) / step_s
+    verdict = "met" if share <= GENERATE_SHARE_TARGET else "missed"
+    print(f"target: generate share {share:.1%} of the step (at most {GENERATE_SHARE_TARGET:.0%}: {verdict})")
     gen = statistics.mean(m["rollout/gen_tokens_per_s"] for m in steps)
     print(f"generation: {gen:.0f} tok/s")
     diffs = [m["rollout/logprob_abs_diff"] for m in steps if "rollout/logprob_abs_diff" in m]
@@ -346,6 +384,7 @@ def phase_table(history: list[dict[str, float]]) -> None:
             f"engine vs trainer log-probs: mean |diff| {statistics.mean(diffs):.3g}"
             + (f", TIS weight mean {statistics.mean(tis):.4f}" if tis else ", TIS off")
         )
+    return share
 
 
 def step_table(history: list[dict[str, float]], n_params: int, peak: float | None, lora: bool) -> list[float]:
@@ -420,56 +459,97 @@ def main() -> None:
         use_ray=args.ray,
         overrides=[*arch.overrides, *args.override],
     )
-    from retriever_server.launcher import RetrieverProcess, bm25_env
+    from gpu_gates import logprob_bound
 
-    with RetrieverProcess(env=bm25_env(out / "index"), log_path=out / "retriever.log") as retriever:
-        history = run.main_ppo(retriever.url, steps=args.steps)
-        changed = changed_fraction(model_dir, run.checkpoint(args.steps))
-        if not changed > 0.5:
-            sys.exit(
-                f"gpu_check FAILED weights changed: only {changed:.4f} of the elements moved in {args.steps} steps"
-            )
-        if arch.resume:
-            resumed = run.main_ppo(retriever.url, steps=args.steps + 1)
-            check_resume(history, resumed, args.steps)
-    tied = check_tied_sync(run, args.steps) if arch.tied else None
-
+    checks, history, changed = run_checks(args, arch, run)
     name = torch.cuda.get_device_name() if gpu else "cpu"
+    mfu, share = report(history, args, arch, name, n_params) if history else (float("nan"), float("nan"))
+    checks.exit_if_failed()
+    last = history[-1]
+    steps = [m["timing/step_s"] for m in history]
+    update_tps = last["perf/actor_update_tokens"] / last["timing/update_actor_s"]
+    print(
+        f"gpu_check ok device={name.replace(' ', '_')} arch={args.arch} use_ray={str(args.ray).lower()}"
+        f" step_s={statistics.mean(steps[1:] or steps):.2f}"
+        f" gen_tok_s={last['rollout/gen_tokens_per_s']:.0f} gen_share={share:.3f}"
+        f" update_tok_s={update_tps:.0f} mfu={mfu:.3f}"
+        f" peak_gb={last.get('perf/max_memory_allocated_gb', float('nan')):.2f}"
+        f" changed={changed:.4f}"
+        f" logprob_diff={last.get('rollout/logprob_abs_diff', float('nan')):.3g}"
+        f" logprob_bound={logprob_bound(run.compute_dtype, arch.layers):.3g}"
+        f" total_s={time.perf_counter() - t_start:.0f}"
+    )
+
+
+def report(
+    history: list[dict[str, float]], args: argparse.Namespace, arch: Arch, name: str, n_params: int
+) -> tuple[float, float]:
+    """The step and phase tables of the training run; returns the last step's MFU and the generate share."""
     peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
-    dtype = ("bf16 compute, fp32 master" if gpu else "fp32") + ("; workers in Ray actors" if args.ray else "")
+    dtype = ("bf16 compute, fp32 master" if args.device == "cuda" else "fp32") + (
+        "; workers in Ray actors" if args.ray else ""
+    )
     lora = f", LoRA rank {arch.lora_rank}" if arch.lora_rank else ""
     print(f"\n{name}; {args.arch} ({n_params / 1e6:.1f}M parameters, random weights{lora}); {dtype}")
     mfus = step_table(history, n_params, peak, bool(arch.lora_rank))
-    phase_table(history)
-    last = history[-1]
-    print(f"weights changed by {args.steps} steps: {changed:.4f} of the elements", end="")
-    print(f"; resumed at step {args.steps + 1}" if arch.resume else "; resume check left out for this shape")
-    if tied is not None:
-        print(f"tied sync: engine head is its embedding, equal to the policy's; logits max |diff| {tied:.3g}")
+    return mfus[-1], phase_table(history)
+
+
+def run_checks(args: argparse.Namespace, arch: Arch, run: Run) -> tuple[Any, list[dict[str, float]], float]:
+    """Train, then every check of the module docstring; returns the checks' record, the run's metric history and
+    the fraction of the weights that changed."""
+    from gpu_gates import Checks, check_gpu_tests, check_graph_replay, check_levers, check_logprobs
+
+    from retriever_server.launcher import RetrieverProcess, bm25_env
+
+    checks = Checks()
+    history: list[dict[str, float]] = []
+    changed = float("nan")
+
+    def weights_changed() -> str:
+        nonlocal changed
+        changed = changed_fraction(run.model_dir, run.checkpoint(args.steps))
+        return check_changed(changed, args.steps)
+
+    with RetrieverProcess(env=bm25_env(run.out / "index"), log_path=run.out / "retriever.log") as retriever:
+
+        def train() -> str:
+            history.extend(run.main_ppo(retriever.url, steps=args.steps))
+            return f"main_ppo ran {len(history)} steps"
+
+        trained = checks.run("train", train)
+        if trained:
+            checks.run("weights_changed", weights_changed)
+            if arch.resume:
+                checks.run(
+                    "resume",
+                    lambda: check_resume(history, run.main_ppo(retriever.url, steps=args.steps + 1), args.steps),
+                )
+            else:
+                print("check resume left out for this shape (a second checkpoint would not fit the disk)")
+            checks.run("logprob", lambda: check_logprobs(history, run.compute_dtype, arch.layers))
+    if trained and arch.tied:
+        checks.run("tied_sync", lambda: check_tied_sync(run, args.steps))
+    checks.run("graph_replay", lambda: check_graph_replay(run.model_dir, run.device))
     if args.levers:
         from update_levers import compare_levers, print_rows
 
-        print_rows(
-            compare_levers(
-                model_dir,
-                args.device,
+        def levers() -> str:
+            rows = compare_levers(
+                run.model_dir,
+                run.device,
                 prompts=run.prompts,
                 samples=run.samples,
                 turn_tokens=run.turn_tokens,
                 micro=run.micro,
                 lora_rank=arch.lora_rank,
             )
-        )
-    steps = [m["timing/step_s"] for m in history]
-    print(
-        f"gpu_check ok device={name.replace(' ', '_')} arch={args.arch} use_ray={str(args.ray).lower()}"
-        f" step_s={statistics.mean(steps[1:] or steps):.2f}"
-        f" gen_tok_s={last['rollout/gen_tokens_per_s']:.0f}"
-        f" update_tok_s={last['perf/actor_update_tokens'] / last['timing/update_actor_s']:.0f} mfu={mfus[-1]:.3f}"
-        f" peak_gb={last.get('perf/max_memory_allocated_gb', float('nan')):.2f} changed={changed:.4f}"
-        f" logprob_diff={last.get('rollout/logprob_abs_diff', float('nan')):.3g}"
-        f" total_s={time.perf_counter() - t_start:.0f}"
-    )
+            print_rows(rows)
+            return check_levers(rows, run.compute_dtype)
+
+        checks.run("levers", levers)
+    checks.run("gpu_tests", lambda: check_gpu_tests(REPO, run.device))
+    return checks, history, changed
 
 
 if __name__ == "__main__":

@@ -58,6 +58,8 @@ def test_lever_gate_allows_rounding_and_names_a_lever_that_moves_the_update(
     off = _row(levers, "off", 0.5, 4.8, 1234.5)
     rounding = _row(levers, "chunked log-probs", 0.5, 4.8 * (1 + 3e-4), 1234.5)  # the 3B run's gradient-norm spread
     assert "1 settings" in gates.check_levers([off, rounding], "bfloat16")
+    near_zero = [_row(levers, "off", 4.5e-6, 4.8, 1234.5), _row(levers, "sorted", 4.6e-6, 4.8, 1234.5)]
+    assert gates.check_levers(near_zero, "float32")  # a loss near 0 is compared at the scale of its terms (~1)
     with pytest.raises(gates.CheckFailed, match="chunked log-probs: grad_norm"):
         gates.check_levers([off, rounding], "float32")  # 3e-4 is past float32's tolerance
     dropped = _row(levers, "token budgets", 0.5 * 0.75, 4.8, 1234.5)  # a micro-batch of four left out
