@@ -163,7 +163,8 @@ def compare_levers(
         t3 = time.perf_counter()
         peak = torch.cuda.max_memory_allocated() / 2**30 if gpu else float("nan")
         local = [getattr(p, "to_local", lambda p=p: p)() for p in worker.module.parameters()]  # FSDP2: one rank
-        norm = math.sqrt(sum(float(torch.linalg.vector_norm(t.detach())) ** 2 for t in local))  # one parameter at a time: no large temporaries
+        # one parameter at a time: no large temporaries
+        norm = math.sqrt(sum(float(torch.linalg.vector_norm(t.detach())) ** 2 for t in local))
         rows.append(
             LeverRow(
                 name,
