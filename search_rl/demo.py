@@ -89,6 +89,8 @@ class DemoSettings:
     max_obs_tokens: int = 384
     """Tokens of retrieved passages shown per search (the trainer's default; 160 cut the answer out of a third of
     the NQ passages, docs/learning.md)."""
+    seed: int = 0
+    """``trainer.seed`` of the warm start and RL (data order, sampling); the evaluation questions stay the same."""
 
     @property
     def max_response_tokens(self) -> int:
@@ -123,6 +125,7 @@ def _loop(s: DemoSettings, stage: str, steps: int, fresh: bool) -> list[str]:
         "trainer.max_ckpt_to_keep=1",
         f"trainer.logger=[{logger_names}]",
         f"trainer.resume={'disable' if fresh else 'auto'}",
+        f"trainer.seed={s.seed}",
         # every worker gets all cores: the loop's phases never compute at the same time
         f"trainer.torch_threads_per_worker={os.cpu_count() or 1}",
     ]
@@ -317,7 +320,12 @@ def run_budgets(s: DemoSettings) -> dict[str, Any]:
         "max_turn_tokens": TURN_TOKENS,
         "max_obs_tokens": s.max_obs_tokens,
         "max_response_tokens": s.max_response_tokens,
+        "seed": s.seed,
     }
+
+
+RECORDED_BEFORE = {"seed": 0}
+"""What a run folder recorded before a setting joined ``run_budgets`` was made with."""
 
 
 def check_budgets(s: DemoSettings) -> None:
@@ -328,6 +336,7 @@ def check_budgets(s: DemoSettings) -> None:
     if not s.fresh:
         if path.exists():
             recorded = json.loads(path.read_text())
+            recorded = {**RECORDED_BEFORE, **recorded}
             diff = {k: (recorded.get(k), v) for k, v in current.items() if recorded.get(k) != v}
             if diff:
                 changes = ", ".join(f"{k}: {old} there, {new} now" for k, (old, new) in diff.items())
@@ -568,6 +577,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-obs-tokens", type=_positive, default=384, help="tokens of passages shown per search")
     ap.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2", help="policy to train")
     ap.add_argument("--run-dir", type=Path, default=Path("runs/demo"), help="where the run goes")
+    ap.add_argument(
+        "--seed", type=int, default=0, help="training seed (warm start and RL); the evaluation questions stay the same"
+    )
     ap.add_argument("--fresh", action="store_true", help="train from scratch even if the run folder has checkpoints")
     args = ap.parse_args(argv)
     configure_logging(fmt=MESSAGE_FORMAT)
@@ -586,6 +598,7 @@ def main(argv: list[str] | None = None) -> int:
         max_turns=args.max_turns,
         fresh=args.fresh,
         max_obs_tokens=args.max_obs_tokens,
+        seed=args.seed,
     )
     try:
         return run_demo(s, port)

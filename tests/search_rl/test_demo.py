@@ -52,6 +52,10 @@ def test_stages_share_the_search_loop_and_budgets(tmp_path):
     assert rl.trainer.default_local_dir == str(tmp_path / "rl")
     assert evals[1].model.path == str(start / "actor") and evals[0].model.path == sft.model.path
     assert {e.data.max_samples for e in evals} == {50} and evals[0].output_dir == str(tmp_path / "eval" / "base")
+    seeded = dataclasses.replace(s, seed=3)
+    trained = (load_sft_config(demo.sft_overrides(seeded, url)), load_config(demo.train_overrides(seeded, url, start)))
+    assert [c.trainer.seed for c in trained] == [3, 3] and sft.trainer.seed == rl.trainer.seed == 0
+    assert load_eval_config(demo.eval_overrides(seeded, url, "rl", start)).data.seed == evals[1].data.seed
 
 
 def test_a_run_folder_is_reused_only_with_its_own_budgets(tmp_path):
@@ -67,6 +71,13 @@ def test_a_run_folder_is_reused_only_with_its_own_budgets(tmp_path):
         demo.check_budgets(narrow)
     demo.check_budgets(dataclasses.replace(narrow, fresh=True))
     assert json.loads((run / demo.BUDGETS_FILE).read_text())["max_obs_tokens"] == 160
+    # a folder recorded before the seed was: made with seed 0, so reusable at seed 0 only
+    recorded = json.loads((run / demo.BUDGETS_FILE).read_text())
+    del recorded["seed"]
+    (run / demo.BUDGETS_FILE).write_text(json.dumps(recorded))
+    demo.check_budgets(narrow)
+    with pytest.raises(ValueError, match=r"seed: 0 there, 1 now"):
+        demo.check_budgets(dataclasses.replace(narrow, seed=1))
     old = tmp_path / "old"
     (old / "sft").mkdir(parents=True)
     with pytest.raises(ValueError, match="without budgets.json"):
