@@ -1,11 +1,11 @@
 """Rollout throughput: a multi-turn search rollout vs plain ``model.generate`` producing the same number of tokens.
 
-The rollout is ``LLMGenerationManager`` with the HF engine over the first ``--n`` shipped test questions against a
-running retriever; its tokens/s counts only model-generated tokens (mask 1) over the rollout's wall time, which
-includes every turn's prefill, the stop checks and the retriever calls. The limit is one batched HF
-``generate`` call on the same prompts, forced to produce the same number of tokens per sample (min = max new
-tokens) at the same temperature. Tokens generated after a stop string or EOS are counted independently from the
-engine's outputs by decoding each result's growing prefix (must be 0).
+The rollout is ``LLMGenerationManager`` with the HF engine (``--engine static``: the static one) over the first
+``--n`` shipped test questions against a running retriever; its tokens/s counts only model-generated tokens (mask 1)
+over the rollout's wall time, which includes every turn's prefill, the stop checks and the retriever calls. The limit
+is one batched HF ``generate`` call on the same prompts, forced to produce the same number of tokens per sample
+(min = max new tokens) at the same temperature. Tokens generated after a stop string or EOS are counted
+independently from the engine's outputs by decoding each result's growing prefix (must be 0).
 
 Wall-clock figures depend on whatever else runs on the machine; the process-CPU-time ratio printed next to them
 does not (exactly so with ``--threads 1``, where no thread spins waiting for another).
@@ -27,12 +27,13 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from search_rl.config import HFEngineConfig, RetrieverClientConfig, RolloutConfig
+from search_rl.config import HFEngineConfig, RetrieverClientConfig, RolloutConfig, StaticEngineConfig
 from search_rl.datatypes import Generated, GroundTruth, RolloutResult, SamplingParams
 from search_rl.logging_setup import configure_logging
 from search_rl.models import SMOLLM2, load_model, load_tokenizer
 from search_rl.reward import compute_reward
 from search_rl.rollout.backends import RetrieverClient
+from search_rl.rollout.engines.factory import build_static_engine
 from search_rl.rollout.engines.hf import HFEngine
 from search_rl.rollout.generation_manager import LLMGenerationManager
 from search_rl.rollout.prompts import encode_prompt
@@ -63,6 +64,24 @@ class CountingEngine(HFEngine):
 
         session.step = counted_step  # type: ignore[method-assign]
         return session
+
+
+def build_engine(name: str, model, tokenizer, prefix_cache: bool):  # type: ignore[no-untyped-def]
+    """The engine ``--engine`` names, keeping every result in ``engine.results``: the HF engine as
+    ``CountingEngine``, the static one as ``build_static_engine`` makes it (CUDA graphs and compile on CUDA only)."""
+    hf = HFEngineConfig(prefix_cache=prefix_cache)
+    if name == "hf":
+        return CountingEngine(model, tokenizer, hf)
+    engine = build_static_engine(hf, StaticEngineConfig(), model, tokenizer)
+    generate = engine.generate
+
+    def counted_generate(prompts, params, max_new_tokens=None):  # type: ignore[no-untyped-def]
+        out = generate(prompts, params, max_new_tokens)
+        engine.results.extend(out)
+        return out
+
+    engine.generate = counted_generate  # type: ignore[method-assign]
+    return engine
 
 
 def tokens_after_stop(tokenizer, results: list[Generated], eos: tuple[int, ...]) -> int:
@@ -147,6 +166,7 @@ def main() -> None:
         default=RolloutConfig.schedule,
         help=f"rollout.schedule (default: {RolloutConfig.schedule}, the trainer's)",
     )
+    ap.add_argument("--engine", choices=["hf", "static"], default="hf", help="the rollout's engine")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (1 makes CPU-time figures exact)")
     ap.add_argument("--dump", type=Path, default=None, help="write the first --dump-k trajectories here (Markdown)")
     ap.add_argument("--dump-k", type=int, default=4)
@@ -160,7 +180,9 @@ def main() -> None:
     prompts = [encode_prompt(tokenizer, list(p)) for p in rows.prompt]
     client = RetrieverClient(RetrieverClientConfig(url=args.retriever_url, topk=3))
     client.check_reachable()
-    engine = CountingEngine(model, tokenizer, HFEngineConfig(prefix_cache=not args.no_prefix_cache))
+    if args.engine == "static" and args.schedule != "turns":
+        ap.error("--engine static runs rollout.schedule=turns only (the static engine has no sessions)")
+    engine = build_engine(args.engine, model, tokenizer, prefix_cache=not args.no_prefix_cache)
     engine.results = []
     cfg = RolloutConfig(
         max_turns=args.max_turns,
@@ -207,7 +229,7 @@ def main() -> None:
     )
     if args.dump is not None:
         dump(args.dump, tokenizer, rows, result, args.dump_k)
-    print(f"schedule: {args.schedule}")
+    print(f"schedule: {args.schedule} engine: {args.engine}")
     print(f"rollout_bench ratio={rollout_tps / plain_tps:.3f} tokens_after_stop={after}")
 
 
