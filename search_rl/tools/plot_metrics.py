@@ -171,6 +171,9 @@ class Stage:
 RUNNING_WINDOW = 64
 """Samples a running mean of per-sample rewards covers: with fewer, a step's mean moves by more than RL changes it."""
 
+MIN_RUNNING = 16
+"""Fewest samples a drawn point of the running mean stands on (one demo step's worth)."""
+
 Z95 = 1.96
 """Normal quantile of a two-sided 95% band."""
 
@@ -183,21 +186,32 @@ def sample_rewards(run_dir: Path) -> list[tuple[int, float]]:
     return out
 
 
-def running_band(values: list[float], window: int = RUNNING_WINDOW) -> tuple[list[float], list[float]]:
-    """The mean of the last ``window`` values at each point (all of them before ``window``) and the half-width of its
-    95% band (``Z95`` standard errors: the sample standard deviation over the root of the count).
+def running_band(values: list[float], window: int = RUNNING_WINDOW) -> tuple[list[float], list[float], list[float]]:
+    """The mean of the last ``window`` values at each point (all of them before ``window``) and its 95% band
+    ``(means, lows, highs)``. Rewards in [0, 1] get the Wilson interval of the mean read as a proportion: a [0, 1]
+    variable's variance is at most ``p (1 - p)``, so the band is never narrower than the noise needs, and a run of
+    equal samples (sample variance 0) still gets the width its count allows. Other rewards: ``Z95`` standard errors.
 
     >>> running_band([0.0, 1.0, 1.0, 0.0], window=2)[0]
     [0.0, 0.5, 1.0, 0.5]
+    >>> [round(x, 2) for x in running_band([1.0] * 5)[1]]
+    [0.21, 0.34, 0.44, 0.51, 0.57]
     """
-    means, half = [], []
+    unit = all(0.0 <= v <= 1.0 for v in values)
+    means, lows, highs = [], [], []
     for i in range(len(values)):
         part = values[max(0, i + 1 - window) : i + 1]
         mean = sum(part) / len(part)
-        var = sum((v - mean) ** 2 for v in part) / (len(part) - 1) if len(part) > 1 else 0.0
+        if unit:
+            low, high = wilson_interval(mean, len(part))
+        else:
+            var = sum((v - mean) ** 2 for v in part) / (len(part) - 1) if len(part) > 1 else 0.0
+            half = Z95 * (var / len(part)) ** 0.5
+            low, high = mean - half, mean + half
         means.append(mean)
-        half.append(Z95 * (var / len(part)) ** 0.5)
-    return means, half
+        lows.append(low)
+        highs.append(high)
+    return means, lows, highs
 
 
 def wilson_interval(p: float, n: int) -> tuple[float, float]:
@@ -213,41 +227,36 @@ def wilson_interval(p: float, n: int) -> tuple[float, float]:
 
 
 def _plot_rewards(ax: Any, s: Stage, rewards: list[tuple[int, float]]) -> None:
-    """Per-sample rewards of an RL stage: the running mean of ``RUNNING_WINDOW`` samples with its 95% band, and each
-    step's mean with its own 95% error bar, so a change smaller than the band reads as the noise it is."""
+    """Per-sample rewards of an RL stage: the running mean of ``RUNNING_WINDOW`` samples with its 95% band, drawn
+    from the ``MIN_RUNNING``-th sample on, and each step's mean with its own 95% error bar, so a change smaller than
+    the band reads as the noise it is."""
     values = [r for _, r in rewards]
-    means, half = running_band(values)
-    x = list(range(1, len(values) + 1))
-    lo, hi = min(values), max(values)  # the band never leaves the range a reward can take
-    half_lo = [min(h, m - lo) for m, h in zip(means, half, strict=True)]
-    half_hi = [min(h, hi - m) for m, h in zip(means, half, strict=True)]
-    ax.plot(x, means, color="tab:blue", label=f"reward, running mean of <= {RUNNING_WINDOW} samples")
-    ax.fill_between(
-        x,
-        [m - h for m, h in zip(means, half_lo, strict=True)],
-        [m + h for m, h in zip(means, half_hi, strict=True)],
-        color="tab:blue",
-        alpha=0.2,
-        label="95% band",
-    )
+    means, lows, highs = running_band(values)
+    first = min(MIN_RUNNING, len(values)) - 1  # a mean of the first few samples would read as a trend
+    x = list(range(first + 1, len(values) + 1))
+    ax.plot(x, means[first:], color="tab:blue", label=f"reward, running mean of {MIN_RUNNING}-{RUNNING_WINDOW} samples")
+    ax.fill_between(x, lows[first:], highs[first:], color="tab:blue", alpha=0.2, label="95% band")
     steps = sorted({step for step, _ in rewards})
-    ends, step_means, errs = [], [], []
+    ends, step_means, below, above = [], [], [], []
     for step in steps:
         part = [r for st, r in rewards if st == step]
         ends.append(max(i + 1 for i, (st, _) in enumerate(rewards) if st == step))
-        mean, spread = running_band(part, window=len(part))
-        step_means.append(mean[-1])
-        errs.append(spread[-1])
+        mean, low, high = (series[-1] for series in running_band(part, window=len(part)))
+        step_means.append(mean)
+        below.append(mean - low)
+        above.append(high - mean)
     per_step = len(values) // max(len(steps), 1)
     ax.errorbar(
         ends,
         step_means,
-        yerr=errs,
+        yerr=[below, above],
         fmt="o",
         color="tab:orange",
         capsize=3,
         label=f"step mean ({per_step} samples) ± 95%",
     )
+    if all(0.0 <= v <= 1.0 for v in values):
+        ax.set_ylim(0.0, 1.0)  # the whole range a reward can take: a zoomed axis draws noise as a slope
     ax.set_title(f"{s.name}: reward per training sample ({len(values)} in all)")
     ax.set_xlabel("training samples seen")
 

@@ -124,9 +124,16 @@ def test_the_reward_band_covers_the_noise_of_a_step_of_sixteen_samples():
     values = [float(rng.random() < 0.3) for _ in range(16 * 40)]
     steps = [sum(values[i : i + 16]) / 16 for i in range(0, len(values), 16)]
     assert max(steps) - min(steps) > 0.3  # a plot of step means draws "trends" from nothing
-    means, half = running_band(values)
-    covered = [abs(m - 0.3) <= h for m, h in zip(means[RUNNING_WINDOW:], half[RUNNING_WINDOW:], strict=True)]
+    means, lows, highs = running_band(values)
+    covered = [lo <= 0.3 <= hi for lo, hi in zip(lows[RUNNING_WINDOW:], highs[RUNNING_WINDOW:], strict=True)]
     assert sum(covered) / len(covered) > 0.85
-    assert all(h < 0.13 for h in half[RUNNING_WINDOW:])
+    assert all(hi - lo < 0.26 for lo, hi in zip(lows[RUNNING_WINDOW:], highs[RUNNING_WINDOW:], strict=True))
+    assert all(lo <= m <= hi for m, lo, hi in zip(means, lows, highs, strict=True))
+    # a lucky start (the first samples all right) is not drawn as a certainty: the band is as wide as the count allows
+    _, lows, highs = running_band([1.0] * 5 + values)
+    assert highs[4] == 1.0 and lows[4] < 0.6
+    # rewards outside [0, 1] (a format penalty) get standard errors instead
+    _, lows, highs = running_band([-1.0, 1.0] * 32)
+    assert lows[-1] < 0 < highs[-1] and highs[-1] - lows[-1] < 1
     low, high = wilson_interval(0.2, 50)
     assert 0 < low < 0.2 < high < 1 and wilson_interval(0.0, 50)[0] == 0.0
