@@ -20,6 +20,7 @@ To reproduce Search-R1's ablation without observation masking, pass the attentio
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -216,10 +217,16 @@ def group_index(group_ids: GroupIds) -> tuple[torch.Tensor, int]:
 
 
 def _group_stats(scores: torch.Tensor, group_ids: GroupIds) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-sample group size, group mean and unbiased group std, each (B,)."""
+    """Per-sample group size, group mean and unbiased group std, each (B,), in float64.
+
+    float64 because a group whose samples all scored the same non-dyadic value (16 x 2.2) must centre to exactly 0:
+    a float32 mean leaves a residue of ~1e-8 that ``std + 1e-6`` would blow up to an advantage of ~0.01-0.2. Summing
+    n equal float32 values in float64 is exact (24 + log2(n) bits), and so is dividing the sum by n.
+    """
     index, n_groups = group_index(group_ids)
     index = index.to(scores.device)  # (B,)
-    count = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(
+    scores = scores.to(torch.float64)  # (B,)
+    count = torch.zeros(n_groups, dtype=torch.float64, device=scores.device).index_add_(
         0, index, torch.ones_like(scores)
     )  # (G,)
     mean = torch.zeros_like(count).index_add_(0, index, scores) / count  # (G,)
@@ -228,30 +235,45 @@ def _group_stats(scores: torch.Tensor, group_ids: GroupIds) -> tuple[torch.Tenso
     return count[index], mean[index], var.sqrt()[index]
 
 
+def _all_equal(scores: torch.Tensor, group_ids: GroupIds) -> torch.Tensor:
+    """Per sample (B,) bool: every sample of its group has exactly the same score (no signal to learn from)."""
+    index, n_groups = group_index(group_ids)
+    index = index.to(scores.device)  # (B,)
+    lowest = torch.full((n_groups,), math.inf, dtype=scores.dtype, device=scores.device)
+    highest = torch.full((n_groups,), -math.inf, dtype=scores.dtype, device=scores.device)
+    lowest = lowest.scatter_reduce(0, index, scores, reduce="amin")  # (G,)
+    highest = highest.scatter_reduce(0, index, scores, reduce="amax")  # (G,)
+    return (lowest == highest)[index]
+
+
 def normalize_by_group(scores: torch.Tensor, group_ids: GroupIds, norm_by_std: bool = True) -> torch.Tensor:
     """GRPO's outcome advantage: ``(s - mean_group) / (std_group + 1e-6)``, or only centred when not
-    ``norm_by_std`` (Dr.GRPO). The std is unbiased (Bessel); a group of one sample gets 0.
+    ``norm_by_std`` (Dr.GRPO). The std is unbiased (Bessel); a group of one sample, or one whose scores are all
+    equal, gets exactly 0.
 
     >>> normalize_by_group(torch.tensor([1.0, 0.0, 5.0, 0.0]), ["q1", "q1", "q2", "q1"], norm_by_std=False)
     tensor([ 0.6667, -0.3333,  0.0000, -0.3333])
     """
     scores = scores.to(torch.float32)  # (B,)
-    count, mean, std = _group_stats(scores, group_ids)  # (B,) each
-    centred = scores - mean
-    advantages = centred / (std + GROUP_STD_EPS) if norm_by_std else centred
-    return torch.where(count > 1, advantages, torch.zeros_like(advantages))
+    count, mean, std = _group_stats(scores, group_ids)  # (B,) each, float64
+    centred = scores.double() - mean
+    advantages = (centred / (std + GROUP_STD_EPS) if norm_by_std else centred).to(torch.float32)
+    flat = (count <= 1) | _all_equal(scores, group_ids)
+    return torch.where(flat, torch.zeros_like(advantages), advantages)
 
 
 def leave_one_out(scores: torch.Tensor, group_ids: GroupIds) -> torch.Tensor:
-    """RLOO's advantage: ``s_i - mean_{j != i in group} s_j = n / (n - 1) * (s_i - mean_group)``; 0 for a group of one.
+    """RLOO's advantage: ``s_i - mean_{j != i in group} s_j = n / (n - 1) * (s_i - mean_group)``; 0 for a group of one
+    or of equal scores.
 
     >>> leave_one_out(torch.tensor([1.0, 0.0, 0.0]), [7, 7, 7])
     tensor([ 1.0000, -0.5000, -0.5000])
     """
     scores = scores.to(torch.float32)  # (B,)
-    count, mean, _ = _group_stats(scores, group_ids)  # (B,) each
-    advantages = count / (count - 1).clamp(min=1.0) * (scores - mean)
-    return torch.where(count > 1, advantages, torch.zeros_like(advantages))
+    count, mean, _ = _group_stats(scores, group_ids)  # (B,) each, float64
+    advantages = (count / (count - 1).clamp(min=1.0) * (scores.double() - mean)).to(torch.float32)
+    flat = (count <= 1) | _all_equal(scores, group_ids)
+    return torch.where(flat, torch.zeros_like(advantages), advantages)
 
 
 def _require_groups(inputs: AdvantageInputs, name: str) -> GroupIds:

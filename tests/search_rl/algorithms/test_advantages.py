@@ -156,6 +156,36 @@ def test_grpo_equal_scores_give_zero_not_nan():
     torch.testing.assert_close(adv, torch.zeros(3))
 
 
+# Equal non-dyadic scores: in float32 the mean of 16 x 2.2 is off by ~1e-7 (summation rounding), and dividing that
+# residue by std + 1e-6 gave every sample an advantage of up to ~0.2. F1 partial credit produces such values.
+EQUAL_GROUPS = [
+    [2.2] * 16,
+    [0.2857142857142857] * 16,  # an F1 of 2/7
+    [1.0 + 0.5 * 0.6666666666666666] * 5,  # EM 0 + F1 weight 0.5 x 2/3, an odd group size
+    [0.1] * 3 + [0.7] * 3,  # two groups side by side, one of each value
+]
+
+
+@pytest.mark.parametrize("scores", EQUAL_GROUPS, ids=["2.2x16", "f1-2/7x16", "shaped-x5", "0.1+0.7"])
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo"])
+def test_equal_scores_give_exactly_zero(scores: list[float], name: str):
+    ids = ["q"] * len(scores) if len(set(scores)) == 1 else ["a"] * 3 + ["b"] * 3
+    values = torch.tensor(scores)
+    grpo = name == "grpo"
+    adv = leave_one_out(values, ids) if name == "rloo" else normalize_by_group(values, ids, norm_by_std=grpo)
+    assert torch.equal(adv, torch.zeros(len(scores))), adv
+
+
+def test_equal_scores_in_a_mixed_batch_do_not_disturb_other_groups():
+    scores = torch.tensor([2.2] * 16 + [1.0, 0.0, 0.0, 1.0])
+    ids = ["flat"] * 16 + ["g"] * 4
+    adv = normalize_by_group(scores, ids)
+    assert torch.equal(adv[:16], torch.zeros(16))
+    # g: mean 1/2, unbiased std sqrt(1/3) -> +-0.5 / (0.57735 + 1e-6)
+    expected = torch.tensor([1.0, -1.0, -1.0, 1.0]) * 0.5 / (3**-0.5 + GROUP_STD_EPS)
+    torch.testing.assert_close(adv[16:], expected, atol=4 * FP32_EPS, rtol=0)
+
+
 def test_rloo_hand_computed():
     # group g: scores (1, 0, 0, 1); for a 1 the others average 1/3 -> 2/3, for a 0 they average 2/3 -> -2/3
     # group h alone -> 0
