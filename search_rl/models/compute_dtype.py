@@ -7,14 +7,23 @@ What it picks, per machine kind, and why:
 
 - a CUDA GPU with native bf16 (compute capability 8.0 or newer): ``bfloat16`` (tensor cores); an older GPU
   emulates bf16: ``float32``.
+Each CPU rule follows a measurement of ``bench/cpu_dtype_bench.py`` (rows in bench/README.md, "bf16 or float32 on
+this CPU") or of ``main_sft`` itself:
+
 - a CPU with AMX (``amx_bf16`` and ``amx_tile`` in ``/proc/cpuinfo``'s flags): ``bfloat16``. Measured on a
   colleague's 2-core machine whose flags list ``amx_bf16 amx_tile amx_int8 avx512_bf16`` (torch 2.13, 2026-11-27),
   not on this repository's reference machine: bf16 matmuls 12.5x float32's for a SmolLM2 projection and 2.3x for
   the LM head; SmolLM2-135M forward + backward 1.9x with autocast; ``main_sft`` with the demo's settings 1.6x with
   ``model.dtype=bfloat16`` (NLL 1.10 vs 1.15 after step 3).
-- a CPU with AVX512-BF16 but no AMX: ``float32`` (bf16 was measured no faster there, on the same occasion).
-- any other CPU: ``float32``. On the 2-core AMD EPYC reference machine (AVX2 only; torch 2.13) a bf16 SmolLM2
-  projection (512 x 576 @ 576 x 1536) took 785 ms against float32's 24 ms: bf16 is emulated there.
+- a CPU with AVX512-BF16 but no AMX: ``bfloat16``. Measured on a 2-core AMD EPYC whose flags list ``avx512_bf16``
+  and no AMX (torch 2.13, 2026-11-29, one run, reported in the project's issue 67): matmul at a SmolLM2 projection
+  2.5x, the LM head 2.4x, a Linear forward + backward 2.6x, ``main_sft`` with the demo's settings 1.6x (3 steps:
+  29.0 / 21.6 / 36.2 s against 42.2 / 39.7 / 56.8 s). An earlier version of this rule said bf16 was no faster
+  there; no measurement backed that.
+- any other CPU: ``float32``. On the 2-core AMD EPYC reference machine (AVX2 only; torch 2.13)
+  ``bench/cpu_dtype_bench.py`` measured a bf16 SmolLM2 projection at 0.03x float32's speed (2026-11-29): bf16 is
+  emulated there. A CPU whose flags this cannot read (macOS, Windows, ARM's ``Features``) also gets ``float32``;
+  run the bench there and set ``model.dtype=bfloat16`` where its verdict says ``bf16``.
 
 bf16 is only the compute dtype: trained weights and optimizer state stay fp32 (``workers.distributed``), and the
 log-softmax, log-probs, entropies, losses and the sampler run on float32 logits (``workers.forward``,
@@ -89,7 +98,7 @@ def resolve_compute_dtype(requested: str, device: str | torch.device) -> tuple[s
     if all(f in flags for f in AMX_FLAGS):
         return "bfloat16", f"CPU has AMX: {' and '.join(AMX_FLAGS)} flags, bf16 matmuls run on its tile units"
     if "avx512_bf16" in flags:
-        return "float32", "CPU has AVX512-BF16 but no AMX: bf16 was measured no faster than float32 there"
+        return "bfloat16", "CPU has AVX512-BF16: bf16 matmuls measured 2.4-2.6x float32's there, main_sft 1.6x"
     return "float32", "CPU without AMX or AVX512-BF16: bf16 matmuls are emulated there, far slower than float32"
 
 
