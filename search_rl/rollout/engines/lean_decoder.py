@@ -9,14 +9,15 @@ same function with fewer, larger kernels:
   of the fused tensor (``fuse_rows``), so an in-place weight update (``load_weights``, which copies into ``.data``)
   updates the fused weights too, and nothing is held twice;
 - RMSNorm is fused with the residual add that precedes it; RoPE reads a cos/sin table made once by the model's own
-  rotary module (so every RoPE scaling transformers applies up front is reproduced);
+  rotary module, so a scaling whose cos/sin depend only on the position (``ROPE_TYPES``: linear, llama3, yarn with
+  its attention factor, which transformers folds into cos/sin) is reproduced exactly;
 - attention reads each row's cache columns up to the batch's width with a boolean mask, the query heads of a group
   packed as rows of their KV head's attention (grouped KV heads are never repeated);
 - only the last position's logits are computed.
 
 ``check_supported`` refuses what this forward does not model (sliding windows, logit soft-capping, other families,
-RoPE that depends on the sequence length), naming the setting. Exactness against the HF forward is tested in float32
-(``tests/search_rl/rollout/test_lean_decoder.py``).
+RoPE types outside ``ROPE_TYPES``), naming the setting. Exactness against the HF forward, every RoPE type included, is
+tested in float32 (``tests/search_rl/rollout/test_lean_decoder.py``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,12 @@ MODEL_TYPES = ("llama", "qwen2")
 """Model families the forward implements (``config.model_type``)."""
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-"""RoPE variants whose cos/sin depend only on the position (a table made once reproduces them)."""
+"""RoPE types the forward reproduces (``rope_type`` of ``config.rope_parameters``, or the legacy ``rope_scaling``
+``type``): their cos/sin depend only on the position, so the table made once by the model's rotary module is exact. Each
+is compared with transformers' forward in the tests; other types are refused."""
+
+_LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
+"""RoPE types whose frequencies transformers recomputes from the sequence length on each forward (no fixed table)."""
 
 
 def _rope_type(config: PretrainedConfig) -> str:
@@ -56,7 +62,9 @@ def unsupported_reasons(config: PretrainedConfig) -> list[str]:
         if getattr(text, name, None):
             reasons.append(f"logit soft-capping ({name}={getattr(text, name)})")
     if (rope := _rope_type(text)) not in ROPE_TYPES:
-        reasons.append(f"RoPE type {rope!r} (its cos/sin depend on the sequence length; implemented: {ROPE_TYPES})")
+        dynamic = any(t in rope for t in _LENGTH_DEPENDENT_ROPE)
+        why = "its cos/sin depend on the sequence length" if dynamic else "not compared with transformers' forward"
+        reasons.append(f"RoPE type {rope!r} ({why}; supported: {', '.join(ROPE_TYPES)})")
     if (tp := getattr(text, "pretraining_tp", 1) or 1) != 1:
         reasons.append(f"pretraining_tp={tp}")
     if getattr(text, "hidden_act", "silu") != "silu":
