@@ -221,10 +221,15 @@ class StaticEngineConfig:
 
     cuda_graphs: bool | None = None
     """Capture each decode step as a CUDA graph (once per batch and width bucket, checked against the eager step
-    before it is trusted). ``null`` = on a GPU; ``true`` on a CPU is refused (there is nothing to capture)."""
+    before it is trusted; an error or a mismatch falls back to eager decoding with a warning). Opt-in: the current
+    static engine has not run on a GPU, so ``null`` = off until it passes ``bench/gpu_round.py`` there (then: on a
+    GPU); ``true`` on a CPU is refused (there is nothing to capture). It changes bf16 rounding (the evaluation
+    fingerprint pins it)."""
     compile: bool | None = None
     """``torch.compile`` the decode step's elementwise parts (RMSNorm with the residual add, RoPE, the gated
-    activation) into fused kernels. ``null`` = on a GPU; ``true`` on a CPU is refused (measured no faster there)."""
+    activation) into fused kernels (an error falls back to the uncompiled forward with a warning). Opt-in: never run
+    on a GPU, so ``null`` = off until the static engine passes ``bench/gpu_round.py`` there (then: on a GPU); ``true``
+    on a CPU is refused (measured no faster there). It changes bf16 rounding (the evaluation fingerprint pins it)."""
     readback_steps: int | None = None
     """Decode steps between two readbacks to the host, which checks stop strings then (tokens past a stop are
     dropped). ``null`` = 8 on a GPU (each readback waits for it), 1 on a CPU (a step past a stop costs real work)."""
@@ -290,9 +295,10 @@ class EngineRolloutConfig(RolloutConfig):
 
     engine: str = "auto"
     """Generation backend: ``hf`` (transformers, CPU or GPU; any causal LM), ``static`` (Llama/Qwen2 only: a forward
-    written for decoding over a static KV cache, CUDA graphs on GPU; takes the ``hf`` and ``static`` settings),
-    ``vllm`` (``search-rl[vllm]``; on CPU ``make install-vllm``) or ``auto``: ``vllm`` where it is installed and runs
-    the model (on CPU: head_dim >= 32), else ``static`` on GPU and ``hf`` on CPU."""
+    written for decoding over a static KV cache, CUDA graphs on GPU when ``static.cuda_graphs`` asks; takes the ``hf``
+    and ``static`` settings), ``vllm`` (``search-rl[vllm]``; on CPU ``make install-vllm``) or ``auto``: ``vllm`` where
+    it is installed and runs the model (on CPU: head_dim >= 32), else ``hf`` (on GPU too: the static engine becomes
+    the GPU default once it passes ``bench/gpu_round.py``)."""
     hf: HFEngineConfig = field(default_factory=HFEngineConfig)
     """Settings of the ``hf`` and ``static`` engines."""
     static: StaticEngineConfig = field(default_factory=StaticEngineConfig)

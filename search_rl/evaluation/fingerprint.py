@@ -10,7 +10,9 @@ with different fingerprints in one table unless the differences are named as int
   machine; the dtype vLLM reports it loaded, the folder's own), why (``dtype_reason``: recorded, never compared; the
   dtype is) and the settings of that engine that change how sequences are batched and computed
   (``hf.max_batch_size`` and ``hf.prefix_cache`` for ``hf``/``static``; ``vllm.*`` eager mode, tensor parallelism,
-  KV cache and the GPU share for ``vllm``);
+  KV cache and the GPU share for ``vllm``); for ``static``, whether it was built with captured decode steps and
+  compiled kernels (``static.cuda_graphs``, ``static.compile``: ``rollout.static.*`` as resolved for its device; both
+  change bf16 rounding, hence seeded samples) and how many calls fell back from them (``static.fallbacks``);
 - ``template``: the baseline, the template file's sha256 (``no_search``/``naive_rag``) and the sha256 of every
   evaluated prompt's token ids (the ``search`` baseline's prompt is baked into the rows);
 - ``budgets``: turns, token budgets, decoding (greedy, or ``n_samples`` at a temperature);
@@ -97,15 +99,32 @@ def dtype_reason(cfg: EvalConfig, ran_in: str | None) -> str:
     return f"the engine loaded the weights in their saved dtype; model.dtype={model.dtype} ({why}) did not apply"
 
 
-def engine_identity(engine: object) -> dict[str, str]:
+def engine_identity(engine: object) -> dict[str, Any]:
     """The rollout engine that generated and the dtype it really ran in: the dtype vLLM reports it loaded (the model
-    folder's own, whatever ``model.dtype`` says), else the dtype of the engine's model's parameters."""
+    folder's own, whatever ``model.dtype`` says), else the dtype of the engine's model's parameters; for the static
+    engine, what it was built with (``static_identity``)."""
     dtype = getattr(engine, "dtype", None)
     model = getattr(engine, "model", None)
     if dtype is None and isinstance(model, torch.nn.Module):
         dtype = next(model.parameters()).dtype
     name = ENGINE_NAMES.get(type(engine).__name__, type(engine).__name__)
-    return {"name": name, **({"dtype": str(dtype).removeprefix("torch.")} if dtype is not None else {})}
+    identity: dict[str, Any] = {"name": name}
+    if dtype is not None:
+        identity["dtype"] = str(dtype).removeprefix("torch.")
+    if name == "static":
+        identity["static"] = static_identity(engine)
+    return identity
+
+
+def static_identity(engine: Any) -> dict[str, Any]:
+    """The static engine's captured decode steps and compiled kernels as built (``rollout.static.cuda_graphs`` and
+    ``compile`` resolved for its device: each changes bf16 rounding, hence seeded samples), and the calls that fell
+    back from them (a result with fallbacks computed its calls both ways)."""
+    return {
+        "cuda_graphs": bool(engine.cuda_graphs),
+        "compile": bool(engine.compiled),
+        "fallbacks": int(sum(engine.fallbacks.values())),
+    }
 
 
 def package_versions() -> dict[str, str]:
@@ -165,7 +184,7 @@ def build_fingerprint(
     prompts: str,
     data_files: Sequence[str],
     retriever: Mapping[str, Any] | None,
-    engine: Mapping[str, str],
+    engine: Mapping[str, Any],
     template_file: Path | None = None,
     schedule: str | None = None,
 ) -> EvalFingerprint:

@@ -20,6 +20,7 @@ from search_rl.models import load_model, model_dir
 from search_rl.models.compute_dtype import compute_dtype_on
 from search_rl.models.weights import save_hf_folder, tensor_aliases
 from search_rl.rollout.engines.base import RolloutEngine
+from search_rl.rollout.engines.choice import STATIC_PASSED_GPU_ROUND
 from search_rl.rollout.engines.hf import HFEngine
 from search_rl.rollout.engines.static import StaticEngine
 
@@ -87,17 +88,31 @@ def build_engine(
     return HFEngine(model, tokenizer, cfg.hf)
 
 
+def static_features(static: StaticEngineConfig, gpu: bool) -> tuple[bool, bool]:
+    """``(cuda_graphs, compile)`` for ``rollout.static`` on a GPU or not: each as set, and null (the default) off
+    until the static engine has passed ``bench/gpu_round.py`` on a GPU (``choice.STATIC_PASSED_GPU_ROUND``), then on
+    a GPU only.
+
+    >>> static_features(StaticEngineConfig(), gpu=True), static_features(StaticEngineConfig(compile=True), gpu=True)
+    ((False, False), (False, True))
+    """
+    default = gpu and STATIC_PASSED_GPU_ROUND
+    graphs = default if static.cuda_graphs is None else static.cuda_graphs
+    return graphs, default if static.compile is None else static.compile
+
+
 def build_static_engine(
     hf: HFEngineConfig, static: StaticEngineConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
 ) -> StaticEngine:
-    """The static engine with ``rollout.static`` resolved for the model's device (graphs and compile on CUDA)."""
-    gpu = model.device.type == "cuda"
+    """The static engine with ``rollout.static`` resolved for the model's device (``static_features``: graphs and
+    compile only where asked for, until the engine has passed the GPU round)."""
+    cuda_graphs, compiled = static_features(static, model.device.type == "cuda")
     return StaticEngine(
         model,
         tokenizer,
         hf,
-        cuda_graphs=gpu if static.cuda_graphs is None else static.cuda_graphs,
-        compiled=gpu if static.compile is None else static.compile,
+        cuda_graphs=cuda_graphs,
+        compiled=compiled,
         readback_steps=static.readback_steps,
         free_on_sleep=static.free_on_sleep,
     )

@@ -11,14 +11,20 @@ strings on the new tokens, drops what came after a stop, stores finished sequenc
 prefills waiting sequences into the free slots. A GRPO group's repeated prompt is encoded once and copied, and the
 prefix every prompt of a call shares (the instruction template) once per call.
 
-On CUDA the decode step is captured as a graph per (rows bucket, width bucket, sampling settings), kept across calls
-and training steps (``sleep`` keeps them unless told to free the memory), and checked against the eager step before
-it is trusted (``step_graphs``); weights are updated in place, so the graphs stay valid.
+With ``cuda_graphs`` on CUDA the decode step is captured as a graph per (rows bucket, width bucket, sampling
+settings), kept across calls and training steps (``sleep`` keeps them unless told to free the memory), and checked
+against the eager step before it is trusted (``step_graphs``); weights are updated in place, so the graphs stay valid.
+Graphs and ``compile`` are opt-in through ``rollout.static`` until this engine passes ``bench/gpu_round.py`` on a GPU
+(``choice.STATIC_PASSED_GPU_ROUND``). Whatever goes wrong in them falls back, once each, to what has run: an
+exception while capturing or replaying, or a replay that differs from its eager step, drops the graphs; an exception
+from the compiled forward swaps in the uncompiled one. Each fallback logs one warning naming its stage and the
+error, is counted in ``fallbacks``, and redoes the call.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -39,7 +45,7 @@ from search_rl.rollout.engines.in_process import InProcessEngine
 from search_rl.rollout.engines.lean_decoder import LeanDecoder
 from search_rl.rollout.engines.prefix_cache import MIN_COMMON_PREFIX_SAVING, common_prefix_length
 from search_rl.rollout.engines.slot_cache import SlotCache
-from search_rl.rollout.engines.step_graphs import GraphFactory, GraphMismatch, StepGraphs, mismatch_bound
+from search_rl.rollout.engines.step_graphs import GraphFactory, GraphFallback, StepGraphs, replay_bound
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +59,10 @@ activations of a large admission (256 rows x 400 new tokens of a 3B model would 
 
 GPU_READBACK_STEPS = 8
 """Decode steps between two host readbacks on CUDA (each readback waits for the GPU)."""
+
+
+class CompileError(RuntimeError):
+    """The compiled forward raised (the cause); the engine falls back to the uncompiled one."""
 
 
 def batch_bucket(n: int, most: int) -> int:
@@ -138,8 +148,9 @@ class StaticEngine(InProcessEngine):
         cfg: batching and context settings, shared with the HF engine (``rollout.hf``).
         logits_processor: optional hook applied to raw logits before sampling (tests use it to script a model);
             with one, the host reads back every step and no graph is captured.
-        cuda_graphs: capture the decode step on CUDA (off: the same step runs eagerly).
-        compiled: ``torch.compile`` the forward's elementwise parts (``LeanDecoder``; meant for CUDA).
+        cuda_graphs: capture the decode step on CUDA or through ``graph_factory`` (off: the same step runs eagerly);
+            ``rollout.static.cuda_graphs`` is off by default (``factory.build_static_engine``).
+        compiled: ``torch.compile`` the forward's elementwise parts (``LeanDecoder``; meant for CUDA, off by default).
         graph_factory: makes the captured-step objects (tests give a stand-in, which also captures on CPU).
         readback_steps: decode steps between host readbacks (None: 8 on CUDA, 1 elsewhere).
         free_on_sleep: ``sleep`` frees the cache and the graphs (off: they stay, captured once for the whole run).
@@ -166,14 +177,17 @@ class StaticEngine(InProcessEngine):
         self.device = model.device
         on_cuda = self.device.type == "cuda"
         self.use_graphs = cuda_graphs and (on_cuda or graph_factory is not None) and logits_processor is None
-        layers = len(self.decoder.layers)
-        self.graphs = StepGraphs(graph_factory, mismatch_bound(model.dtype, layers), self.device)
+        self.graphs = StepGraphs(graph_factory, replay_bound(model.dtype), self.device)
+        self.cuda_graphs, self.compiled = self.use_graphs, compiled
+        """What the engine was built with (the evaluation fingerprint pins them); a fallback turns ``use_graphs`` or
+        the decoder's compile off, not these."""
         self.readback_steps = readback_steps or (GPU_READBACK_STEPS if on_cuda else 1)
         if self.readback_steps < 1:
             raise ValueError(f"StaticEngine: readback_steps must be >= 1, got {self.readback_steps}")
         self.free_on_sleep = free_on_sleep
-        self.graph_fallbacks = 0
-        """Calls redone eagerly because a captured step failed its check."""
+        self.fallbacks: Counter[str] = Counter()
+        """Calls redone without graphs or compile, by stage: ``capture``, ``replay`` (either raised), ``mismatch`` (a
+        replay differed from its eager step), ``compile`` (the compiled forward raised)."""
         self._eos_ids = torch.tensor(self.eos_token_ids, device=self.device)
         self._cache: SlotCache | None = None
         self._state: _DecodeState | None = None
@@ -183,6 +197,11 @@ class StaticEngine(InProcessEngine):
     def captures(self) -> int:
         """Decode steps captured so far."""
         return self.graphs.captures
+
+    @property
+    def graph_fallbacks(self) -> int:
+        """Calls redone eagerly because a captured step failed (raised, or differed from the eager step)."""
+        return sum(n for stage, n in self.fallbacks.items() if stage != "compile")
 
     def sleep(self) -> None:
         """Before a training update: free the KV cache and its graphs if ``free_on_sleep`` (else keep them: a
@@ -203,15 +222,31 @@ class StaticEngine(InProcessEngine):
             self.prefix.clear()  # states computed with the tensors it held before
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()))
         streams = [stream_key(seed, i) for i in range(len(prompts))]
-        try:
-            return self._run(_Call(prompts, limits, params, streams))
-        except GraphMismatch as e:
-            logger.warning("StaticEngine on %s: %s; decoding eagerly from now on (the call is redone)", self.device, e)
+        while True:  # each fallback turns graphs or compile off for good: at most two redos
+            try:
+                return self._run(_Call(prompts, limits, params, streams))
+            except (GraphFallback, CompileError) as e:
+                if not self._fall_back(e):
+                    raise
+
+    def _fall_back(self, error: GraphFallback | CompileError) -> bool:
+        """Turn off what raised ``error`` (the graphs, or the compiled forward), warn once naming it and count it;
+        False when it is already off (the caller re-raises)."""
+        if isinstance(error, GraphFallback) and self.use_graphs:
+            stage, now = error.stage, "decoding eagerly"
             self.use_graphs = False
-            self.graph_fallbacks += 1
-            self._drop_cache()
-            self.prefix.clear()  # states written by the failed graph are not trusted
-            return self._run(_Call(prompts, limits, params, streams))
+        elif isinstance(error, CompileError) and self.decoder.compiled:
+            stage, now = "compile", "running the uncompiled forward"
+            self.decoder = LeanDecoder(self.model, self.max_model_len + 1, compiled=False)
+        else:
+            return False
+        logger.warning(
+            "StaticEngine on %s, %s fallback: %s; %s from now on (the call is redone)", self.device, stage, error, now
+        )
+        self.fallbacks[stage] += 1
+        self._drop_cache()
+        self.prefix.clear()  # states written by what failed are not trusted
+        return True
 
     def _run(self, call: _Call) -> list[Generated]:
         """Decode every sequence of ``call``, refilling slots as sequences finish."""
@@ -355,7 +390,24 @@ class StaticEngine(InProcessEngine):
         span = max(c + len(s) for c, s in zip(starts, suffixes, strict=True))
         device = self.device
         rows = torch.tensor(slots, device=device)
-        return self.decoder.forward(input_ids.to(device), positions.to(device), cache, rows, cols.to(device), span)
+        return self._forward(input_ids.to(device), positions.to(device), cache, rows, cols.to(device), span)
+
+    def _forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: SlotCache,
+        rows: torch.Tensor | None,
+        cols: torch.Tensor,
+        width: int,
+    ) -> torch.Tensor:
+        """``decoder.forward``; with compile on, whatever it raises is the compiled kernels' (``CompileError``)."""
+        if not self.decoder.compiled:
+            return self.decoder.forward(input_ids, positions, cache, rows, cols, width)
+        try:
+            return self.decoder.forward(input_ids, positions, cache, rows, cols, width)
+        except Exception as e:
+            raise CompileError(f"the compiled forward raised {type(e).__name__}: {e}") from e
 
     # --- decode ----------------------------------------------------------------------------------------------
 
@@ -387,12 +439,12 @@ class StaticEngine(InProcessEngine):
         tok, pos = st.tok[:rows, None], st.pos[:rows, None]  # (rows, 1) each
 
         def step() -> torch.Tensor:
-            logits = self.decoder.forward(tok, pos, cache, None, pos, width)  # (rows, V)
+            logits = self._forward(tok, pos, cache, None, pos, width)  # (rows, V)
             self._sample_advance(logits, index, params)
             return logits
 
         if self.logits_processor is not None:
-            logits = self.decoder.forward(tok, pos, cache, None, pos, width)
+            logits = self._forward(tok, pos, cache, None, pos, width)
             ids = [owner[s] for s in range(rows)]
             logits = self.logits_processor(
                 [call.prompts[i] if i is not None else [] for i in ids],
@@ -402,7 +454,7 @@ class StaticEngine(InProcessEngine):
             self._sample_advance(logits, index, params)
         elif self.use_graphs:
             key = (rows, width, params.greedy, params.temperature, params.top_p, params.top_k)
-            self.graphs.run(key, step, st.snapshot, lambda: st.tok[:rows])
+            self.graphs.run(key, step, st.snapshot, lambda: st.tok[:rows], lambda: ~st.done[:rows])
         else:
             step()
 

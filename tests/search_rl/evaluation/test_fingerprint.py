@@ -1,5 +1,6 @@
 """Pinned evaluation: the fingerprint ``main_eval`` writes, and ``compare_evals`` refusing rows made differently
-(another corpus, top-k, template) with the difference named, unless it is declared intended.
+(another corpus, top-k, template, the static engine's graphs or compile) with the difference named, unless it is
+declared intended.
 
 Run: python -m pytest tests/search_rl/evaluation/test_fingerprint.py -q
 """
@@ -7,6 +8,7 @@ Run: python -m pytest tests/search_rl/evaluation/test_fingerprint.py -q
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import threading
 from collections.abc import Iterator
@@ -272,3 +274,37 @@ def test_the_compute_dtype_auto_chose_is_pinned_with_why_and_only_the_dtype_is_c
     fps["avx2"] = pin(cfg, fp32.model, fp32, [[1, 2]], None)
     with pytest.raises(ValueError, match=r"engine\.dtype: auto=bfloat16, avx2=float32\n.*--allow engine"):
         check_comparable(["auto", "avx2"], [fps["auto"], fps["avx2"]])
+
+
+def test_the_static_engines_graphs_and_compile_are_pinned_and_refused_when_they_differ(
+    tokenizer, tmp_path, capsys, monkeypatch
+):
+    """Captured steps and compiled kernels change bf16 rounding, hence seeded samples: the fingerprint records what
+    the static engine was built with (``rollout.static.*`` resolved for its device) and the calls that fell back,
+    and ``compare_evals`` refuses rows that differ in them unless named."""
+    from search_rl.rollout.engines.factory import build_static_engine
+    from search_rl.rollout.engines.static import StaticEngine
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)  # the compiled decoder is built, never run
+    cfg = load_eval_config(["model=tiny", f"{ROLLOUT}.engine=static"])
+    model = load_model("tiny")
+    r = cfg.rollout
+    engines = {
+        "eager": build_static_engine(r.hf, r.static, model, tokenizer),
+        "compiled": build_static_engine(r.hf, dataclasses.replace(r.static, compile=True), model, tokenizer),
+        "graphs": StaticEngine(model, tokenizer, r.hf, graph_factory=object),  # a stand-in: captures on CPU
+    }
+    fps = {name: pin(cfg, model, engine, [[1, 2]], None) for name, engine in engines.items()}
+    assert fps["eager"]["engine"]["static"] == {"cuda_graphs": False, "compile": False, "fallbacks": 0}
+    assert fps["graphs"]["engine"]["static"]["cuda_graphs"] is True
+    base, other = write_eval(tmp_path / "eager", fps["eager"]), write_eval(tmp_path / "compiled", fps["compiled"])
+    assert main([f"eager={base}", f"compiled={other}"]) == 2
+    err = capsys.readouterr().err
+    assert "not made the same way" in err and "engine.static.compile: eager=False, compiled=True" in err
+    assert main([f"eager={base}", f"compiled={other}", "--allow", "engine.static.compile"]) == 0
+    with pytest.raises(ValueError, match=r"engine\.static\.cuda_graphs: eager=False, graphs=True"):
+        check_comparable(["eager", "graphs"], [fps["eager"], fps["graphs"]])
+    engines["graphs"].fallbacks["mismatch"] += 1  # a call redone eagerly after a failed replay check
+    fell_back = pin(cfg, model, engines["graphs"], [[1, 2]], None)
+    with pytest.raises(ValueError, match=r"engine\.static\.fallbacks: clean=0, fell_back=1"):
+        check_comparable(["clean", "fell_back"], [fps["graphs"], fell_back])

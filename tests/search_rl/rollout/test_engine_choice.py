@@ -1,5 +1,9 @@
-"""``rollout.engine=auto``: vLLM where installed and able to run the model (head_dim >= 32 on CPU), else the static
-engine on GPU and HF on CPU."""
+"""``rollout.engine=auto``: vLLM where installed and able to run the model (head_dim >= 32 on CPU), else HF, on a GPU
+too until the static engine passes bench/gpu_round.py (then: static there for the models it models); the static
+engine's graphs and compile off unless asked for until then.
+
+Run: python -m pytest tests/search_rl/rollout/test_engine_choice.py -q
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import pytest
 from transformers import LlamaConfig
 
 import search_rl.configure as configure
+from search_rl.config import HFEngineConfig, StaticEngineConfig
 from search_rl.config.ppo import DEFAULT_TIS_CAP
 from search_rl.configure import load_config
 from search_rl.rollout.engines import choice
@@ -20,10 +25,32 @@ def _model_dir(tmp_path: Path, hidden: int, heads: int) -> str:
     return str(tmp_path)
 
 
-def test_without_vllm_gpu_gets_the_static_engine_and_cpu_the_hf_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_vllm_gpu_and_cpu_get_the_hf_engine_until_the_static_engine_passes_the_gpu_round(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(choice, "vllm_installed", lambda: False)
-    assert choose_engine("tiny", gpu=True)[0] == "static"
+    assert not choice.STATIC_PASSED_GPU_ROUND  # the current static engine has not run on a GPU
+    engine, why = choose_engine("tiny", gpu=True)
+    assert engine == "hf" and "has not passed bench/gpu_round.py" in why and "rollout=static" in why
     assert choose_engine("tiny", gpu=False) == ("hf", "vLLM is not installed")
+    monkeypatch.setattr(choice, "STATIC_PASSED_GPU_ROUND", True)
+    assert choose_engine("tiny", gpu=True)[0] == "static"
+    assert choose_engine("tiny", gpu=False)[0] == "hf"
+
+
+def test_graphs_and_compile_are_opt_in_until_the_static_engine_passes_the_gpu_round(monkeypatch, tiny_model, tokenizer):
+    from search_rl.rollout.engines import factory
+
+    default, asked = StaticEngineConfig(), StaticEngineConfig(cuda_graphs=True, compile=True)
+    assert factory.static_features(default, gpu=True) == factory.static_features(default, gpu=False) == (False, False)
+    assert factory.static_features(asked, gpu=True) == (True, True)
+    assert factory.static_features(StaticEngineConfig(compile=True), gpu=True) == (False, True)
+    engine = factory.build_static_engine(HFEngineConfig(), default, tiny_model, tokenizer)
+    assert (engine.cuda_graphs, engine.compiled, engine.decoder.compiled) == (False, False, False)
+    monkeypatch.setattr(factory, "STATIC_PASSED_GPU_ROUND", True)
+    assert factory.static_features(default, gpu=True) == (True, True)  # then null means on a GPU
+    assert factory.static_features(default, gpu=False) == (False, False)
+    assert factory.static_features(StaticEngineConfig(cuda_graphs=False), gpu=True) == (False, True)
 
 
 def test_with_vllm_the_cpu_choice_follows_the_head_dimension(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -80,6 +107,8 @@ def test_the_evaluation_engine_runs_on_the_device_its_choice_was_made_for(monkey
 
     monkeypatch.setattr(configure, "_cuda", lambda: True)
     monkeypatch.setattr(choice, "vllm_installed", lambda: False)
+    assert load_config(["model=tiny"], config_name="eval").rollout.engine == "hf"  # what has run on a GPU
+    monkeypatch.setattr(choice, "STATIC_PASSED_GPU_ROUND", True)  # as once it has: auto then chooses for a GPU
     cfg = load_config(["model=tiny"], config_name="eval")
     assert cfg.rollout.engine == "static"
     built = {}
@@ -95,6 +124,7 @@ def test_a_gpu_without_vllm_gets_the_hf_engine_for_a_model_the_static_engine_doe
     from transformers import Qwen2Config
 
     monkeypatch.setattr(choice, "vllm_installed", lambda: False)
+    monkeypatch.setattr(choice, "STATIC_PASSED_GPU_ROUND", True)  # once it has passed, it still refuses these models
     sliding = tmp_path / "sliding"
     Qwen2Config(use_sliding_window=True, sliding_window=64, max_window_layers=0).save_pretrained(sliding)
     engine, why = choose_engine(str(sliding), gpu=True)
