@@ -14,11 +14,13 @@ Then:
    an HF engine built from the *initial* weights: the engine's head is still its embedding, equal to the policy's
    (in the engine's dtype), and the two models' logits agree;
 4. **logprob**: every step's mean |engine - trainer| log-prob (the actor recomputes the old log-probs) within a bound
-   derived from bf16 rounding, ``2 * 2^-8 * sqrt(layers)`` (0.047 at 36 layers; 1e-4 in float32);
+   derived from bf16 rounding, ``2 * 2^-8 * sqrt(layers)`` times the RMS of the model's logits (0.047 at 36 layers for
+   an RMS of 1; ``1e-4`` times it in float32);
 5. **graph_replay**: the static engine on the initial weights, greedy, with its decode steps replayed from CUDA
    graphs against the same steps run eagerly: the same tokens, its replay checks within their bound, no fallback;
 6. **gpu_tests**: ``python -m pytest -m gpu`` over the test files carrying the marker; all must pass;
-7. with ``--levers``, **levers**: each lever's loss, gradient norm and weights against the levers off.
+7. with ``--levers``, **levers**: each lever's loss and gradient norm against the levers off, and each row's update
+   against AdamW's first step for its gradient.
 
 The bounds and why they hold are in ``bench/gpu_gates.py``. Each check prints ``check <name> ok <what it saw>`` or
 ``check <name> FAILED <why>``; the checks after a failed one still run (those that need its result are left out),
@@ -461,7 +463,7 @@ def main() -> None:
     )
     from gpu_gates import logprob_bound
 
-    checks, history, changed = run_checks(args, arch, run)
+    checks, history, changed, scale = run_checks(args, arch, run)
     name = torch.cuda.get_device_name() if gpu else "cpu"
     mfu, share = report(history, args, arch, name, n_params) if history else (float("nan"), float("nan"))
     checks.exit_if_failed()
@@ -476,7 +478,7 @@ def main() -> None:
         f" peak_gb={last.get('perf/max_memory_allocated_gb', float('nan')):.2f}"
         f" changed={changed:.4f}"
         f" logprob_diff={last.get('rollout/logprob_abs_diff', float('nan')):.3g}"
-        f" logprob_bound={logprob_bound(run.compute_dtype, arch.layers):.3g}"
+        f" logprob_bound={logprob_bound(run.compute_dtype, arch.layers, scale):.3g}"
         f" total_s={time.perf_counter() - t_start:.0f}"
     )
 
@@ -495,16 +497,16 @@ def report(
     return mfus[-1], phase_table(history)
 
 
-def run_checks(args: argparse.Namespace, arch: Arch, run: Run) -> tuple[Any, list[dict[str, float]], float]:
-    """Train, then every check of the module docstring; returns the checks' record, the run's metric history and
-    the fraction of the weights that changed."""
-    from gpu_gates import Checks, check_gpu_tests, check_graph_replay, check_levers, check_logprobs
+def run_checks(args: argparse.Namespace, arch: Arch, run: Run) -> tuple[Any, list[dict[str, float]], float, float]:
+    """Train, then every check of the module docstring; returns the checks' record, the run's metric history, the
+    fraction of the weights that changed and the RMS of the initial model's logits (nan if not measured)."""
+    from gpu_gates import Checks, check_gpu_tests, check_graph_replay, check_levers, check_logprobs, logit_rms
 
     from retriever_server.launcher import RetrieverProcess, bm25_env
 
     checks = Checks()
     history: list[dict[str, float]] = []
-    changed = float("nan")
+    changed = scale = float("nan")
 
     def weights_changed() -> str:
         nonlocal changed
@@ -527,7 +529,13 @@ def run_checks(args: argparse.Namespace, arch: Arch, run: Run) -> tuple[Any, lis
                 )
             else:
                 print("check resume left out for this shape (a second checkpoint would not fit the disk)")
-            checks.run("logprob", lambda: check_logprobs(history, run.compute_dtype, arch.layers))
+
+            def logprob() -> str:
+                nonlocal scale
+                scale = logit_rms(run.model_dir, run.device, run.compute_dtype)  # the weights the steps started from
+                return check_logprobs(history, run.compute_dtype, arch.layers, scale)
+
+            checks.run("logprob", logprob)
     if trained and arch.tied:
         checks.run("tied_sync", lambda: check_tied_sync(run, args.steps))
     checks.run("graph_replay", lambda: check_graph_replay(run.model_dir, run.device))
@@ -549,7 +557,7 @@ def run_checks(args: argparse.Namespace, arch: Arch, run: Run) -> tuple[Any, lis
 
         checks.run("levers", levers)
     checks.run("gpu_tests", lambda: check_gpu_tests(REPO, run.device))
-    return checks, history, changed
+    return checks, history, changed, scale
 
 
 if __name__ == "__main__":

@@ -6,9 +6,10 @@ The levers (``actor_rollout_ref.actor.*``, docs/training.md "Faster updates"): c
 so loss and gradient norm agree up to the compute dtype's rounding; what changes is time and peak memory.
 
 One worker (world size 1) rolls out a GRPO batch once (no search), then runs, per setting, the old and reference
-log-prob passes and one optimizer step over the whole batch at a learning rate of 1e-30, which leaves the weights as
-they were, so every setting starts from them: the levers off, each alone, then all on. A warm-up update runs first.
-Prints one row per setting as it finishes, then the table.
+log-prob passes and one optimizer step over the whole batch at ``LEVER_LR``: the levers off, each alone, then all on.
+Every setting starts from the same weights with a fresh AdamW (both restored before it), so its step is AdamW's first
+for the gradient it accumulated, which ``gpu_gates.adamw_step_excess`` checks element by element. A warm-up update
+runs first. Prints one row per setting as it finishes, then the table.
 
 Run alone (or through ``bench/gpu_check.py --levers``)::
 
@@ -23,9 +24,16 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "data" / "datasets" / "nq_hotpotqa_mini" / "train.parquet"
+BENCH = Path(__file__).resolve().parent
+LEVER_LR = 1e-4
+"""The rows' learning rate: AdamW's first step moves each weight by about this, hundreds of times the step's float32
+rounding for weights up to ~1 (``2^-22 |w|``), so a wrong step stands out (``gpu_gates.adamw_step_excess``)."""
+AUDIT_CHUNK = 2**24
+"""Elements checked at a time (float64 temporaries of ~0.6 GB)."""
 
 
 @dataclasses.dataclass
@@ -40,8 +48,11 @@ class LeverRow:
     loss: float
     grad_norm: float
     peak_gb: float
-    weights_norm: float = float("nan")
-    """The L2 norm of the weights after the row's update (at lr 1e-30 every row must keep the first's)."""
+    step_excess: float = float("nan")
+    """How far the row's update lies from AdamW's first step for its gradient, in units of the step's float32 rounding
+    (``gpu_gates.adamw_step_excess``; at most 1 for a correct step)."""
+    optimizer_steps: int = 0
+    """Optimizer steps the row's update took (one mini-batch: 1)."""
 
     @property
     def update_tok_s(self) -> float:
@@ -85,13 +96,12 @@ def compare_levers(
     rollout = TrainRolloutConfig(
         n=samples,
         engine="hf",
-        do_search=False,
-        max_turns=0,
+        search_turns=0,
         max_turn_tokens=turn_tokens,
         max_response_tokens=turn_tokens,
     )
     off = ActorConfig(
-        optim=OptimConfig(lr=1e-30),
+        optim=OptimConfig(lr=LEVER_LR),
         ppo_mini_batch_size=prompts,
         ppo_micro_batch_size_per_gpu=micro,
         shuffle=False,
@@ -146,9 +156,11 @@ def compare_levers(
         ("sorted log-prob passes", dataclasses.replace(off, log_prob_sort_by_length=True)),
         ("all on", on),
     )
+    audit = StepAudit(worker, off.optim.lr, off.optim.weight_decay)
     rows = []
     for name, cfg in settings:
         worker.actor_cfg = cfg
+        audit.restore()
         if gpu:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -162,24 +174,83 @@ def compare_levers(
             torch.cuda.synchronize()
         t3 = time.perf_counter()
         peak = torch.cuda.max_memory_allocated() / 2**30 if gpu else float("nan")
-        local = [getattr(p, "to_local", lambda p=p: p)() for p in worker.module.parameters()]  # FSDP2: one rank
-        # one parameter at a time: no large temporaries
-        norm = math.sqrt(sum(float(torch.linalg.vector_norm(t.detach())) ** 2 for t in local))
         rows.append(
             LeverRow(
                 name,
                 t1 - t0,
                 t2 - t1,
-                t3 - t2,
+                t3 - t2 - audit.seconds,
                 metrics["perf/actor_update_tokens"],
                 metrics["actor/loss"],
                 metrics["actor/grad_norm"],
                 peak,
-                norm,
+                audit.excess,
+                audit.steps,
             )
         )
         print(f"done: {format_row(rows[-1])}", flush=True)  # kept if a time limit stops the rest
+    audit.close()
     return rows[1:]
+
+
+class StepAudit:
+    """Holds the weights every row starts from (on CPU) and checks each row's optimizer step against AdamW's first
+    step for the gradient present at it (``gpu_gates.adamw_step_excess``, from a step post-hook, ``AUDIT_CHUNK``
+    elements at a time: no second copy of the weights or gradients on the device). ``seconds``: the check's own time,
+    which the row's update time leaves out."""
+
+    def __init__(self, worker: Any, lr: float, weight_decay: float) -> None:
+        if str(BENCH) not in sys.path:
+            sys.path.insert(0, str(BENCH))
+        from gpu_gates import adamw_step_excess
+
+        self.check_step = adamw_step_excess
+        self.optimizer, self.params = worker.trainable.optimizer, worker.trainable.params
+        self.lr, self.weight_decay = lr, weight_decay
+        self.start = [_local(p).detach().to("cpu", copy=True) for p in self.params]
+        self.excess, self.steps, self.seconds = float("nan"), 0, 0.0
+        self.hooks = [
+            self.optimizer.register_step_pre_hook(self._count),
+            self.optimizer.register_step_post_hook(self._check),
+        ]
+
+    def restore(self) -> None:
+        """The starting weights back and a fresh AdamW (no moments, step 0) for the next row."""
+        import torch
+
+        with torch.no_grad():
+            for p, w in zip(self.params, self.start, strict=True):
+                _local(p).copy_(w)
+        self.optimizer.state.clear()
+        self.excess, self.steps, self.seconds = float("nan"), 0, 0.0
+
+    def _count(self, *_: Any) -> None:
+        self.steps += 1
+
+    def _check(self, *_: Any) -> None:
+        if self.steps != 1:  # a second step starts from the first's weights: the row fails on its step count
+            return
+        t0 = time.perf_counter()
+        worst = 0.0
+        for p, start in zip(self.params, self.start, strict=True):
+            after = _local(p).detach().reshape(-1)
+            # AdamW leaves a parameter without a gradient as it was: a step at lr 0
+            grad, lr = (_local(p.grad).reshape(-1), self.lr) if p.grad is not None else (after * 0, 0.0)
+            for i in range(0, after.numel(), AUDIT_CHUNK):
+                part = slice(i, i + AUDIT_CHUNK)
+                before = start.reshape(-1)[part].to(after.device)
+                worst = max(worst, self.check_step([before], [after[part]], [grad[part]], lr, self.weight_decay))
+        self.excess = worst
+        self.seconds = time.perf_counter() - t0
+
+    def close(self) -> None:
+        for hook in self.hooks:
+            hook.remove()
+
+
+def _local(t: Any) -> Any:
+    """A tensor's local shard (FSDP2 on one rank: the whole tensor)."""
+    return getattr(t, "to_local", lambda: t)()
 
 
 def format_row(r: LeverRow) -> str:

@@ -26,11 +26,23 @@ from retriever_server.retrievers.sharded import merge_topk
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(600)]
 
 ROWS = 600
-SCORE_ATOL = 384**0.5 * reorder_tol(1536) + reorder_tol(384)
-"""How far a served score may lie from this process's: the replicas embed the queries with the server's encoder
-backend, whose components may each lie ``reorder_tol(1536)`` (MiniLM's longest sum) from torch's, so a unit query
-moves by up to ``sqrt(384)`` times that, and a unit passage's score with it (Cauchy-Schwarz); then the 384-term inner
-product is summed in each shard's order (tests/numerics.py)."""
+DIM = 384
+"""MiniLM's embedding width."""
+SCORE_ATOL = reorder_tol(1536) + reorder_tol(DIM)
+"""How far a served score may lie from this process's (4.6e-4): a score is ``q . p``, a dot product of float32 unit
+vectors of dimension ``d = 384``.
+
+- The replica embeds the query with the same fp32 ONNX export as this process, but maybe in another order (its own
+  thread count, the request's batch): each component may move by ``reorder_tol(1536)`` (two orders of MiniLM's longest,
+  1536-term sum; ``tests/numerics.py``) of a component's scale, which for a unit vector is ``1 / sqrt(d)`` (0.05, its
+  RMS; not 1.0). So ``|dq| <= sqrt(d) * reorder_tol(1536) / sqrt(d) = reorder_tol(1536)``, and the score moves by at
+  most ``|dq| |p| = reorder_tol(1536)`` (Cauchy-Schwarz).
+- Each shard sums the ``d`` products ``q_i p_i`` in its own order: ``sum |q_i p_i| <= |q| |p| = 1``, so two orders
+  differ by at most ``reorder_tol(d)``.
+
+Measured: the encoder's alone-vs-batched drift is 4.5e-8 per component. Ranks whose scores lie within this bound may
+come in either order (``assert_same_top_k``); with 1.0 for the component scale the bound was 16x wider (7.3e-3) and
+let the hits of two shards swap at score gaps a merge bug leaves (``test_score_atol_catches_...``)."""
 QUERIES = ["who wrote the theory of relativity", "capital city of australia", "largest planet in the solar system",
            "when did world war 2 end", "what is photosynthesis"]  # fmt: skip
 
@@ -39,7 +51,7 @@ def test_two_shards_on_two_nodes_match_one_index(
     tmp_path: Path, make_corpus: Callable[[int], Path], ray_cluster: Callable, ray_serve_shards: Callable
 ) -> None:
     corpus = make_corpus(ROWS)
-    single = faiss.IndexFlatIP(384)
+    single = faiss.IndexFlatIP(DIM)
     single.add(np.load(SHIPPED_EMBEDDINGS_DIR / "wiki_mini" / "embeddings-000.npy")[:ROWS].astype(np.float32))
     scores, positions = single.search(Encoder("all-MiniLM-L6-v2").encode_queries(QUERIES), 5)
     rows = load_corpus(corpus, tmp_path / "stores")
@@ -75,3 +87,49 @@ def test_merge_fills_from_either_shard_and_skips_empty_slots() -> None:
     )
     assert p.tolist() == [[10, 3, 11, -1]]
     assert s[0, :3].tolist() == pytest.approx([0.9, 0.5, 0.1]) and s[0, 3] == -np.inf
+
+
+UNIT_SCALE_ATOL = 384**0.5 * reorder_tol(1536) + reorder_tol(DIM)
+"""The bound this module had, with 1.0 for a unit vector's component scale (7.3e-3), to show what it let through."""
+
+
+def _interleave(scores: list[np.ndarray], positions: list[np.ndarray], topk: int) -> tuple[np.ndarray, np.ndarray]:
+    """The planted bug: a merge that takes the two shards' hits in turn (shard 0's best, shard 1's best, ...)."""
+    q = len(scores[0])
+    return np.stack(scores, axis=2).reshape(q, -1)[:, :topk], np.stack(positions, axis=2).reshape(q, -1)[:, :topk]
+
+
+def test_score_atol_catches_a_merge_that_swaps_hits_of_two_shards() -> None:
+    """Queries between a passage of each shard, the second shard's ~2e-3 closer: the two shards searched and merged
+    as the replicas do pass ``SCORE_ATOL``; a merge that interleaves the shards puts the first shard's hit first and
+    fails it, where the bound at component scale 1.0 let it through."""
+    vectors = np.load(SHIPPED_EMBEDDINGS_DIR / "wiki_mini" / "embeddings-000.npy")[:ROWS].astype(np.float32)
+    half = ROWS // 2
+    firsts = np.array([3, 77, 150])  # in shard 0; each paired with its nearest passage in shard 1
+    seconds = half + (vectors[firsts] @ vectors[half:].T).argmax(axis=1)
+    cos = (vectors[firsts] * vectors[seconds]).sum(axis=1, keepdims=True)  # (Q, 1)
+    # q ~ w p_first + p_second: q . p_second - q . p_first = (1 - w)(1 - cos) / |w p_first + p_second| ~ 2e-3
+    weight = 1 - 2e-3 * np.sqrt(2 + 2 * cos) / (1 - cos)
+    queries = weight * vectors[firsts] + vectors[seconds]
+    queries = (queries / np.linalg.norm(queries, axis=1, keepdims=True)).astype(np.float32)
+    single = faiss.IndexFlatIP(DIM)
+    single.add(vectors)
+    scores, positions = single.search(queries, 2)
+    assert positions.tolist() == np.stack([seconds, firsts], axis=1).tolist()
+    gaps = scores[:, 0] - scores[:, 1]
+    assert (gaps > SCORE_ATOL).all() and (gaps < UNIT_SCALE_ATOL).all(), gaps
+
+    shard_scores, shard_positions = [], []
+    for offset in (0, half):
+        shard = faiss.IndexFlatIP(DIM)
+        shard.add(vectors[offset : offset + half])
+        s, p = shard.search(queries, 2)
+        shard_scores.append(s)
+        shard_positions.append(p + offset)
+    merged, merged_positions = merge_topk(shard_scores, shard_positions, 2)
+    assert_same_top_k(merged_positions, merged, positions, scores, SCORE_ATOL)
+
+    bad_scores, bad_positions = _interleave(shard_scores, shard_positions, 2)
+    assert_same_top_k(bad_positions, bad_scores, positions, scores, UNIT_SCALE_ATOL)  # what the old bound let through
+    with pytest.raises(AssertionError):
+        assert_same_top_k(bad_positions, bad_scores, positions, scores, SCORE_ATOL)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from numerics import assert_reordered_close, reorder_tol
+from numerics import assert_reordered_close, logit_terms, logprob_scale, predicting_inputs, reorder_tol
 
 from search_rl.config import HFEngineConfig
 from search_rl.datatypes import SamplingParams
@@ -29,17 +29,22 @@ def _full_forward_logits(model, ids: list[int]) -> torch.Tensor:
         return model(input_ids=torch.tensor([ids])).logits[0].float()
 
 
-def _assert_same_logprobs(logprobs, expected: torch.Tensor, prompt: list[int]) -> None:
-    """An engine's log-probs equal ``expected`` (a plain forward's, or another engine's) up to the order its padded,
-    KV-cached batches sum in: attention over at most the sequence's tokens (``tests/numerics.py``)."""
-    got = torch.tensor(logprobs)
-    assert_reordered_close(got, expected.to(got.dtype), len(prompt) + len(got))
+def _assert_same_logprobs(model, generated, expected: torch.Tensor, prompt: list[int], temperature=1.0) -> None:
+    """An engine's log-probs of ``generated`` equal ``expected`` (a plain forward's, or another engine's) up to the
+    order its padded, KV-cached batches sum in: attention over at most the sequence's tokens, at the scale of the
+    logits behind them (``numerics.logprob_scale``; ``model`` the engine's)."""
+    got = torch.tensor(generated.logprobs)
+    hidden, head = predicting_inputs(model, prompt + list(generated.token_ids), len(prompt))
+    scale = logprob_scale(hidden, head, temperature)
+    assert_reordered_close(got, expected.to(got.dtype), len(prompt) + len(got), scale=scale)
 
 
-def _argmax_up_to_rounding(chosen: torch.Tensor, logits: torch.Tensor, sequence_length: int) -> bool:
-    """Whether each chosen logit is its row's maximum up to the rounding of the sums behind the logits, attention
-    over at most ``sequence_length`` tokens (the engine may break a tie that close either way)."""
-    noise = reorder_tol(sequence_length) * float(logits.abs().max())
+def _argmax_up_to_rounding(model, chosen: torch.Tensor, logits: torch.Tensor, ids: list[int], start: int) -> bool:
+    """Whether each chosen logit is its row's maximum up to the rounding of the sums behind the logits of ``ids``'
+    tokens from ``start`` (``model``'s), attention over at most the sequence: a logit ``hidden . head_j`` is off by
+    ``reorder_tol`` of its terms' ``sum |.|`` (``numerics.logit_terms``), the chosen one and the largest each, so the
+    engine may break a tie that close either way."""
+    noise = 2 * reorder_tol(len(ids)) * logit_terms(*predicting_inputs(model, ids, start))
     return bool(torch.all(chosen >= logits.max(-1).values - noise))
 
 
@@ -57,9 +62,9 @@ def test_greedy_batched_equals_unpadded_argmax(tiny_engine, tiny_model, tokenize
         logits = _full_forward_logits(tiny_model, prompt + list(g.token_ids))
         steps = logits[len(prompt) - 1 : -1]  # (12, V) logits that chose each generated token
         chosen = steps.gather(-1, torch.tensor(g.token_ids)[:, None])[:, 0]
-        assert _argmax_up_to_rounding(chosen, steps, len(logits))
+        assert _argmax_up_to_rounding(tiny_model, chosen, steps, prompt + list(g.token_ids), len(prompt))
         ref_lp = torch.log_softmax(steps, -1).gather(-1, torch.tensor(g.token_ids)[:, None])[:, 0]
-        _assert_same_logprobs(g.logprobs, ref_lp, prompt)
+        _assert_same_logprobs(tiny_model, g, ref_lp, prompt)
 
 
 def test_greedy_ignores_seed_and_batch_size(tiny_model, tokenizer):
@@ -86,7 +91,7 @@ def test_sampled_logprobs_match_temperature_scaled_forward(tiny_engine, tiny_mod
     g = tiny_engine.generate([prompt], SamplingParams(max_new_tokens=6, temperature=0.5, seed=0))[0]
     logits = _full_forward_logits(tiny_model, prompt + list(g.token_ids))[len(prompt) - 1 : -1] / 0.5
     ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(g.token_ids)[:, None])[:, 0]
-    _assert_same_logprobs(g.logprobs, ref, prompt)
+    _assert_same_logprobs(tiny_model, g, ref, prompt, temperature=0.5)
 
 
 def test_top_k_one_is_greedy(tiny_engine, tokenizer):
@@ -173,7 +178,7 @@ def test_prefix_cache_reuses_the_previous_turn_exactly(tiny_model, tokenizer):
     b = fresh.generate(second, params)
     assert [g.token_ids for g in a] == [g.token_ids for g in b]
     for prompt, ga, gb in zip(second, a, b, strict=True):
-        _assert_same_logprobs(ga.logprobs, torch.tensor(gb.logprobs), prompt)
+        _assert_same_logprobs(tiny_model, ga, torch.tensor(gb.logprobs), prompt)
     # each sample reused its whole previous sequence except the last sampled token (never fed to the model), but
     # the shortened prompt re-encodes 3 of its reused tokens: every row encodes as many as the longest suffix
     assert cached.prefix.stats.hits == 3
@@ -182,7 +187,7 @@ def test_prefix_cache_reuses_the_previous_turn_exactly(tiny_model, tokenizer):
     for prompt, g in zip(second, a, strict=True):  # and they agree with a plain forward pass
         logits = _full_forward_logits(tiny_model, prompt + list(g.token_ids))[len(prompt) - 1 : -1]
         chosen = logits.gather(-1, torch.tensor(g.token_ids)[:, None])[:, 0]
-        assert _argmax_up_to_rounding(chosen, logits, len(prompt) + len(g.token_ids))
+        assert _argmax_up_to_rounding(tiny_model, chosen, logits, prompt + list(g.token_ids), len(prompt))
 
 
 def test_a_prompt_without_stored_prefix_makes_the_batch_span_its_longest_prompt(tiny_model, tokenizer):
@@ -229,7 +234,7 @@ def test_a_common_prompt_prefix_is_encoded_once(tiny_model, tokenizer):
     for prompt, g in zip(prompts, out, strict=True):
         logits = _full_forward_logits(tiny_model, prompt + list(g.token_ids))[len(prompt) - 1 : -1]
         ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(g.token_ids)[:, None])[:, 0]
-        _assert_same_logprobs(g.logprobs, ref, prompt)
+        _assert_same_logprobs(tiny_model, g, ref, prompt)
 
 
 def test_common_prefix_length():
@@ -272,7 +277,7 @@ def test_repeated_prompts_are_encoded_once_and_sampled_independently(tiny_model,
     for prompt, g in zip(prompts, out, strict=True):
         logits = _full_forward_logits(tiny_model, prompt + list(g.token_ids))[len(prompt) - 1 : -1]
         ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(g.token_ids)[:, None])[:, 0]
-        _assert_same_logprobs(g.logprobs, ref, prompt)
+        _assert_same_logprobs(tiny_model, g, ref, prompt)
     distinct = HFEngine(tiny_model, tokenizer).generate([a, b], SamplingParams(max_new_tokens=8, greedy=True))
     shared = engine.generate(prompts, SamplingParams(max_new_tokens=8, greedy=True))
     assert [g.token_ids for g in shared] == [distinct[0].token_ids] * 3 + [distinct[1].token_ids] * 2
@@ -292,4 +297,4 @@ def test_reordering_rows_when_samples_finish_changes_no_sample(tiny_model, token
     assert [len(g.token_ids) for g in moved] == limits
     assert [g.token_ids for g in moved] == [g.token_ids for g in in_order]
     for prompt, a, b in zip(prompts, moved, in_order, strict=True):
-        _assert_same_logprobs(a.logprobs, torch.tensor(b.logprobs), prompt)
+        _assert_same_logprobs(tiny_model, a, torch.tensor(b.logprobs), prompt)

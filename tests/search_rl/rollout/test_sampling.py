@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from numerics import assert_reordered_close
+from numerics import assert_reordered_close, logprob_scale
 
 from search_rl.datatypes import SamplingParams
 from search_rl.rollout.engines.decoding import StopTails, finish_reason, sample_tokens
@@ -35,8 +35,10 @@ def test_draws_follow_the_softmax(per_row_uniforms):
     freq = torch.bincount(tok, minlength=5).float() / len(tok)
     expected = torch.softmax(logits[0], -1)
     assert _within_sampling_noise(freq, expected, len(tok)), (freq, expected)
-    # a log-softmax over the 5 logits, perhaps summed in another order (tests/numerics.py)
-    assert_reordered_close(logp, torch.log_softmax(logits, -1).gather(-1, tok[:, None])[:, 0], logits.shape[-1])
+    # a log-softmax over the 5 logits, perhaps summed in another order, at the scale of the logits and their
+    # normaliser (tests/numerics.py; the logits as the inputs of an identity head)
+    scale = logprob_scale(logits[:1], torch.eye(5))
+    assert_reordered_close(logp, torch.log_softmax(logits, -1).gather(-1, tok[:, None])[:, 0], 5, scale=scale)
 
 
 def test_temperature_and_top_k_shape_the_draws():
@@ -49,7 +51,7 @@ def test_temperature_and_top_k_shape_the_draws():
     assert _within_sampling_noise(freq, kept, len(tok)), (freq, kept)
     # log-probs are of the tempered distribution before filtering (what the trainer recomputes)
     tempered = torch.log_softmax(logits / 0.5, -1).gather(-1, tok[:, None])[:, 0]
-    assert_reordered_close(logp, tempered, logits.shape[-1])
+    assert_reordered_close(logp, tempered, logits.shape[-1], scale=logprob_scale(logits[:1], torch.eye(5), 0.5))
 
 
 def test_a_seeded_generator_reproduces_the_draws():

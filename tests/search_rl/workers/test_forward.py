@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from numerics import assert_reordered_close
-from worker_factory import gradient_terms, logprob_terms
+from worker_factory import GradientTerms, assert_terms_cover, gradient_terms, logprob_terms, response_logprob_scale
 
 from search_rl.models import build_tiny_model
 from search_rl.workers import forward
@@ -18,12 +18,15 @@ from search_rl.workers.forward import response_logprobs
 
 
 def _masked_loss_and_grads(model, batch, only):
+    """(log-probs, entropies, gradients, the gradients' ``GradientTerms`` sums) of a masked token-mean loss."""
     model.zero_grad(set_to_none=True)
+    terms = GradientTerms(model)
     logprobs, entropy = response_logprobs(model, batch, 0.7, with_entropy=True, entropy_grad=True, only=only)
     mask = batch.response_mask.float()
     loss = -((logprobs + 0.01 * entropy) * mask).sum() / mask.sum()
     loss.backward()
-    return logprobs.detach(), entropy.detach(), [p.grad.clone() for p in model.parameters()]
+    terms.remove()
+    return logprobs.detach(), entropy.detach(), [p.grad.clone() for p in model.parameters()], terms.take()
 
 
 @pytest.mark.parametrize("mask_supported", [True, False], ids=["boolean-logits_to_keep", "older-transformers"])
@@ -36,15 +39,18 @@ def test_only_the_loss_tokens_are_computed_and_nothing_changes_for_the_loss(
     model = build_tiny_model(tokenizer, seed=3)
     mask = rollout_batch.response_mask.bool()
     assert (~mask & rollout_batch.response_attention_mask.bool()).any(), "the rollout should contain observations"
-    full_lp, full_ent, full_grads = _masked_loss_and_grads(model, rollout_batch, None)
-    lp, ent, grads = _masked_loss_and_grads(model, rollout_batch, rollout_batch.response_mask)
+    full_lp, full_ent, full_grads, terms = _masked_loss_and_grads(model, rollout_batch, None)
+    assert_terms_cover(full_grads, terms)
+    lp, ent, grads, _ = _masked_loss_and_grads(model, rollout_batch, rollout_batch.response_mask)
     # the output head multiplies fewer rows, which a kernel may block and sum otherwise (numerics.py)
-    assert_reordered_close(lp[mask], full_lp[mask], logprob_terms(rollout_batch))
-    assert_reordered_close(ent[mask], full_ent[mask], logprob_terms(rollout_batch))
+    n = logprob_terms(rollout_batch)
+    assert_reordered_close(lp[mask], full_lp[mask], n, scale=response_logprob_scale(model, rollout_batch, 0.7))
+    entropy_scale = response_logprob_scale(model, rollout_batch, 0.7, entropy=True)
+    assert_reordered_close(ent[mask], full_ent[mask], n, scale=entropy_scale)
     assert (lp[~mask] == 0).all() and (ent[~mask] == 0).all()
     assert (full_lp[~mask & rollout_batch.response_attention_mask.bool()] != 0).any()
-    for a, b in zip(grads, full_grads, strict=True):
-        assert_reordered_close(a, b, gradient_terms(rollout_batch), rows=True)
+    for a, b, t in zip(grads, full_grads, terms, strict=True):
+        assert_reordered_close(a, b, gradient_terms(rollout_batch), scale=t)
 
     shapes: list[tuple[int, ...]] = []
     hook = model.lm_head.register_forward_hook(lambda _m, _i, out: shapes.append(tuple(out.shape)))

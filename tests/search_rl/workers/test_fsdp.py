@@ -19,11 +19,14 @@ from numerics import assert_reordered_close
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 from worker_factory import (
+    GradientTerms,
     assert_same_adamw_step,
+    assert_terms_cover,
     gradient_terms,
     logprob_terms,
     make_actor,
     make_critic,
+    response_logprob_scale,
     run_two_ranks,
     whole,
 )
@@ -168,27 +171,30 @@ def test_two_ranks_take_the_single_process_step(rollout_batch: TrainBatch, micro
     # gradient is within rounding of 0, Adam's normalisation alone puts the weights up to 2 lr apart).
     single = make_actor(micro=micro, mini=4)
     single.init_distributed("127.0.0.1", 0)
-    logprobs = single.compute_log_prob(rollout_batch.select(torch.arange(5)))[0]
-    grads = _step_gradients(single)
+    five = rollout_batch.select(torch.arange(5))
+    logprobs, scale = single.compute_log_prob(five)[0], response_logprob_scale(single.module, five)
+    grads, terms = _step_gradients(single), GradientTerms(single.module)
     single.update_actor(rollout_batch, step=1)
     expected = _weights(single)
     ranks = run_two_ranks(_rank_step, rollout_batch, micro)
     uneven = torch.cat([ranks[0][1], ranks[1][1]])
-    assert_reordered_close(uneven, logprobs, logprob_terms(rollout_batch.select(torch.arange(5))))
+    assert_reordered_close(uneven, logprobs, logprob_terms(five), scale=scale)
     for name in expected:
         torch.testing.assert_close(ranks[0][0][name], ranks[1][0][name], rtol=0, atol=0, msg=name)
-    _assert_same_step(single, ranks[0][0], expected, ranks[0][2], grads[:-1], gradient_terms(rollout_batch))
+    n = gradient_terms(rollout_batch)
+    _assert_same_step(single, ranks[0][0], expected, ranks[0][2], grads[:-1], terms.take(), n)
 
 
-def _assert_same_step(worker, a, b, grads_a, grads_b, n_terms: int, step: int = 1, moments=None) -> None:
+def _assert_same_step(worker, a, b, grads_a, grads_b, terms, n_terms: int, step: int = 1, moments=None) -> None:
     """``a`` and ``b`` (weights by name) are the same AdamW step of ``worker``'s parameters from the same weights:
-    the gradients agree to a reordering of ``n_terms`` terms and each weight moved as Adam moves it for its run's
-    gradient."""
+    the gradients agree to a reordering of ``n_terms`` terms (at ``terms``, ``grads_b``'s ``GradientTerms`` sums)
+    and each weight moved as Adam moves it for its run's gradient."""
     assert a.keys() == b.keys()
     names = [n for n, p in worker.module.named_parameters() if p.requires_grad]  # the optimizer's order
-    assert len(names) == len(grads_a) == len(grads_b) > 0
-    for name, ga, gb in zip(names, grads_a, grads_b, strict=True):
-        assert_reordered_close(ga, gb, n_terms, rows=True, msg=name)
+    assert len(names) == len(grads_a) == len(grads_b) == len(terms) > 0
+    assert_terms_cover(grads_b, terms)
+    for name, ga, gb, t in zip(names, grads_a, grads_b, terms, strict=True):
+        assert_reordered_close(ga, gb, n_terms, scale=t, msg=name)
     assert_same_adamw_step([a[k] for k in names], [b[k] for k in names], grads_a, grads_b, 1e-3, step, moments)
 
 
@@ -232,14 +238,15 @@ def test_checkpoints_reshard_between_two_ranks_and_one(rollout_batch: TrainBatch
 
     # 1 rank saves -> 2 ranks resume; the optimizer state came along: one more step agrees with the 1-rank one
     one.save_checkpoint(str(tmp_path / "one"))
-    captured = _step_gradients(one)
+    captured, terms = _step_gradients(one), GradientTerms(one.module)
     one.update_actor(rollout_batch, step=2)
     grads, moments = captured[:-1], captured[-1]
     assert all(m is not None for m in moments), "the resumed optimizer starts from step 1's moments"
     loaded, stepped, tied, rank_grads = run_two_ranks(_rank_load, rollout_batch, str(tmp_path / "one"))[0]
     _assert_same(loaded, saved, rtol=0, atol=0)
     assert tied
-    _assert_same_step(one, stepped, _weights(one), rank_grads, grads, gradient_terms(rollout_batch), 2, moments)
+    n = gradient_terms(rollout_batch)
+    _assert_same_step(one, stepped, _weights(one), rank_grads, grads, terms.take(), n, 2, moments)
 
 
 def _rank_start(rank: int, port: int, out: dict) -> None:

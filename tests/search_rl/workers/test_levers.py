@@ -17,10 +17,14 @@ import torch
 from numerics import assert_reordered_close, reorder_tol
 from transformers import LlamaForCausalLM
 from worker_factory import (
+    GradientTerms,
+    StepCapture,
     assert_same_adamw_step,
+    assert_terms_cover,
     gradient_terms,
     logprob_terms,
     make_actor,
+    response_logprob_scale,
     run_two_ranks,
     whole,
 )
@@ -34,9 +38,10 @@ from search_rl.workers.micro_batches import length_order, micro_batches, padded_
 
 # The levers change summation orders only (tokens summed chunk by chunk, micro-batches of other sizes), so every
 # comparison below allows two orders of the sums behind a value (``numerics``): ``logprob_terms`` for log-probs and
-# entropies, ``gradient_terms`` for gradients and the scalar metrics (means over the batch's tokens). Measured on
-# AVX2 with 1 and 2 threads: log-probs within 1e-7 of their scale and gradients within 2e-6 of theirs, against
-# bounds of about 6e-5 and 2e-4.
+# entropies, at the scale of the logits behind them (``response_logprob_scale``), ``gradient_terms`` for gradients, at
+# the sums of their per-token terms' absolute values (``GradientTerms``: the terms cancel), and for the scalar metrics
+# (means over the batch's tokens). Measured on AVX2 with 1 and 2 threads: log-probs within 1e-7 of their scale and
+# gradients within 2e-6 of theirs, against bounds of about 6e-5 and 2e-4.
 
 
 def _model(tokenizer, tied: bool) -> LlamaForCausalLM:
@@ -47,11 +52,16 @@ def _model(tokenizer, tied: bool) -> LlamaForCausalLM:
 
 
 def _values_and_grads(model, batch, only, chunk):
+    """(log-probs, entropies, gradients by name, their ``GradientTerms`` sums by name)."""
     model.zero_grad(set_to_none=True)
+    terms = GradientTerms(model)
     lp, ent = response_logprobs(model, batch, 0.7, with_entropy=True, entropy_grad=True, only=only, chunk_tokens=chunk)
     mask = batch.response_mask.float()
     (-((lp * 1.3 + 0.01 * ent) * mask).sum() / mask.sum()).backward()
-    return lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+    terms.remove()
+    names = [n for n, _ in model.named_parameters()]
+    sums = dict(zip(names, terms.take(), strict=True))
+    return lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, sums
 
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
@@ -65,11 +75,14 @@ def test_chunked_logprobs_equal_full_vocabulary_logits(
     only = rollout_batch.response_mask if masked else None
     plain = _values_and_grads(model, rollout_batch, only, 0)
     chunked = _values_and_grads(model, rollout_batch, only, 7)  # chunks of 7 tokens, the last one shorter
-    assert_reordered_close(chunked[0], plain[0], logprob_terms(rollout_batch))
-    assert_reordered_close(chunked[1], plain[1], logprob_terms(rollout_batch))
+    n = logprob_terms(rollout_batch)
+    assert_reordered_close(chunked[0], plain[0], n, scale=response_logprob_scale(model, rollout_batch, 0.7))
+    entropy_scale = response_logprob_scale(model, rollout_batch, 0.7, entropy=True)
+    assert_reordered_close(chunked[1], plain[1], n, scale=entropy_scale)
     assert plain[2].keys() == chunked[2].keys()
+    assert_terms_cover(list(plain[2].values()), list(plain[3].values()))
     for name, grad in plain[2].items():
-        assert_reordered_close(chunked[2][name], grad, gradient_terms(rollout_batch), rows=True, msg=name)
+        assert_reordered_close(chunked[2][name], grad, gradient_terms(rollout_batch), scale=plain[3][name], msg=name)
     if tied:
         assert model.lm_head.weight is model.model.embed_tokens.weight
 
@@ -115,15 +128,15 @@ LR = 1e-2
 
 
 def _one_step(batch: TrainBatch, **levers) -> tuple[dict[str, float], list[torch.Tensor], list[torch.Tensor], list]:
-    """One optimizer step's metrics, the weights before and after it, and the gradients it used."""
+    """One optimizer step's metrics, the weights before and after it, and the gradients it used with their
+    ``GradientTerms`` sums (``StepCapture``)."""
     worker = make_actor(micro=2, mini=4, lr=LR, **levers)
     worker.init_distributed("127.0.0.1", 0)
     trainable = worker.trainable
     before = [whole(p) for p in trainable.params]
-    grads: list[torch.Tensor] = []
-    trainable.optimizer.register_step_pre_hook(lambda *_: grads.extend(whole(p.grad) for p in trainable.params))
+    capture = StepCapture(worker, check=not levers)  # the levers' chunked head is not counted
     metrics = worker.update_actor(batch, step=1)
-    return metrics, before, [whole(p) for p in trainable.params], grads
+    return metrics, before, [whole(p) for p in trainable.params], capture
 
 
 @pytest.mark.parametrize(
@@ -139,15 +152,16 @@ def test_one_update_step_is_the_same_with_the_levers(rollout_batch, levers):
     """The gradients the optimizer step used agree to their summation order, the metrics too, and the step moved
     each weight as Adam moves it for the two gradients (``assert_same_adamw_step``)."""
     batch = rollout_batch.select(torch.arange(4))  # one mini-batch: one optimizer step
-    base, initial, base_params, base_grads = _one_step(batch)
-    fast, fast_initial, fast_params, fast_grads = _one_step(batch, **levers)
+    base, initial, base_params, base_step = _one_step(batch)
+    fast, fast_initial, fast_params, fast_step = _one_step(batch, **levers)
+    base_grads, fast_grads = base_step.grads, fast_step.grads
     n = gradient_terms(batch)
     # means over the batch's tokens of terms of size <= 1 (ratios ~1, |advantages| <= 1) or of the metric's own size
     for key in ("actor/loss", "actor/pg_loss", "actor/grad_norm", "actor/entropy"):
         assert fast[key] == pytest.approx(base[key], rel=reorder_tol(n), abs=reorder_tol(n)), key
     assert len(fast_grads) == len(base_grads) == len(initial) > 0, "one optimizer step"
-    for a, b in zip(fast_grads, base_grads, strict=True):
-        assert_reordered_close(a, b, n, rows=True)
+    for a, b, terms in zip(fast_grads, base_grads, base_step.terms, strict=True):
+        assert_reordered_close(a, b, n, scale=terms)
     assert all(torch.equal(a, b) for a, b in zip(fast_initial, initial, strict=True)), "the same initial weights"
     assert_same_adamw_step(fast_params, base_params, fast_grads, base_grads, LR)
     moved = max(float((a - b).abs().max()) for a, b in zip(base_params, initial, strict=True))
@@ -166,10 +180,11 @@ def test_log_prob_passes_are_the_same_with_the_levers(rollout_batch, levers):
     fast.init_distributed("127.0.0.1", 0)
     lp, ent = fast.compute_log_prob(rollout_batch)
     base_lp, base_ent = base.compute_log_prob(rollout_batch)
-    n = logprob_terms(rollout_batch)
-    assert_reordered_close(lp, base_lp, n)
-    assert_reordered_close(ent, base_ent, n)
-    assert_reordered_close(fast.compute_ref_log_prob(rollout_batch), base.compute_ref_log_prob(rollout_batch), n)
+    n, scale = logprob_terms(rollout_batch), response_logprob_scale(base.module, rollout_batch)
+    assert_reordered_close(lp, base_lp, n, scale=scale)
+    assert_reordered_close(ent, base_ent, n, scale=response_logprob_scale(base.module, rollout_batch, entropy=True))
+    ref, base_ref = fast.compute_ref_log_prob(rollout_batch), base.compute_ref_log_prob(rollout_batch)
+    assert_reordered_close(ref, base_ref, n, scale=scale)  # the reference starts as the policy
 
 
 def _rank_step(rank: int, port: int, out: dict, batch: TrainBatch) -> None:
@@ -191,12 +206,10 @@ def test_two_ranks_with_different_micro_batch_counts_take_the_single_process_ste
     assert counts[0] != counts[1], f"the shards should pack into different pass counts, got {counts}"
     single = make_actor(micro=2, mini=4)
     single.init_distributed("127.0.0.1", 0)
-    expected: list[torch.Tensor] = []
-    trainable = single.trainable
-    trainable.optimizer.register_step_pre_hook(lambda *_: expected.extend(whole(p.grad) for p in trainable.params))
+    expected = StepCapture(single)
     single.update_actor(rollout_batch, step=1)
     ranks = run_two_ranks(_rank_step, rollout_batch)
-    assert len(ranks[0]) == len(ranks[1]) == len(expected) > 0
-    for a, b, ref in zip(ranks[0], ranks[1], expected, strict=True):
+    assert len(ranks[0]) == len(ranks[1]) == len(expected.grads) > 0
+    for a, b, ref, terms in zip(ranks[0], ranks[1], expected.grads, expected.terms, strict=True):
         assert torch.equal(a, b), "both ranks gather the same reduced gradient"
-        assert_reordered_close(a, ref, gradient_terms(rollout_batch), rows=True)
+        assert_reordered_close(a, ref, gradient_terms(rollout_batch), scale=terms)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from numerics import assert_reordered_close
 from transformers import AutoModelForCausalLM
-from worker_factory import logprob_terms, make_actor, whole
+from worker_factory import logprob_terms, make_actor, response_logprob_scale, whole
 
 from search_rl.batches import TrainBatch
 from search_rl.models import build_tiny_model
@@ -35,13 +35,15 @@ def test_merged_state_dict_equals_peft_merge_and_unload(tokenizer):
     _randomise_adapters(wrapped)
     ours = merged_state_dict(wrapped.state_dict(), lora_scaling(wrapped))
     assert lora_scaling(wrapped) == 2.0
+    # the terms' absolute values merged the same way: |W| + scaling * |B| @ |A| (B @ A's terms cancel)
+    terms = merged_state_dict({k: v.abs() for k, v in wrapped.state_dict().items()}, lora_scaling(wrapped))
     reference = copy.deepcopy(wrapped).merge_and_unload().state_dict()
     assert set(ours) == set(reference)
     changed = 0
     base = build_tiny_model(tokenizer, seed=1).state_dict()
     for name, tensor in reference.items():
         # W + scaling * B @ A in both, perhaps in another order: a rank-4 product and one sum (numerics.py)
-        assert_reordered_close(ours[name], tensor, 4 + 1, msg=name)
+        assert_reordered_close(ours[name], tensor, 4 + 1, scale=terms[name], msg=name)
         changed += int(not torch.equal(ours[name], base[name]))
     assert changed >= 7 * 2, "every adapted linear layer (7 per decoder layer) should differ from the base"
 
@@ -76,13 +78,13 @@ def test_lora_actor_trains_adapters_only_and_its_base_is_the_reference(rollout_b
     assert worker.sync_weights(1) == (1, [])
     assert worker.engine_model is not None
     # merged weights compute x (W + s B A) where the policy computes x W + s (x A) B: another order (numerics.py)
-    n = logprob_terms(rollout_batch)
-    assert_reordered_close(_logprobs(worker.engine_model, rollout_batch)[mask], policy[mask], n)
+    n, scale = logprob_terms(rollout_batch), response_logprob_scale(worker.engine_model, rollout_batch)
+    assert_reordered_close(_logprobs(worker.engine_model, rollout_batch)[mask], policy[mask], n, scale=scale)
 
     # the checkpoint: a merged HF folder (what evaluation loads) and the adapters, which resume exactly
     worker.save_checkpoint(str(tmp_path))
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "actor", dtype=torch.float32, local_files_only=True)
-    assert_reordered_close(_logprobs(merged, rollout_batch)[mask], policy[mask], n)
+    assert_reordered_close(_logprobs(merged, rollout_batch)[mask], policy[mask], n, scale=scale)
     assert (tmp_path / ADAPTER_DIR / "adapter_config.json").exists()
     fresh = make_actor(micro=4, mini=4, lora_rank=4, lr=1e-2)
     fresh.init_distributed("127.0.0.1", 0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from numerics import assert_reordered_close
-from worker_factory import gradient_terms, logprob_terms
+from worker_factory import GradientTerms, assert_terms_cover, gradient_terms, logprob_terms, response_logprob_scale
 
 from search_rl.models import build_tiny_model
 from search_rl.workers.forward import response_logprobs
@@ -23,13 +23,16 @@ def _loss(logprobs, entropy, micro):
 
 
 def _full(model, batch, micro_size):
+    """(log-probs, gradients, the gradients' ``GradientTerms`` sums): each sample's prompt is its own terms."""
     model.zero_grad(set_to_none=True)
+    terms = GradientTerms(model)
     lps = []
     for micro in batch.split_by_size(micro_size):
         lp, ent = response_logprobs(model, micro, 0.7, with_entropy=True, entropy_grad=True, only=micro.response_mask)
         _loss(lp, ent, micro).backward()
         lps.append(lp.detach())
-    return torch.cat(lps), [p.grad.clone() for p in model.parameters()]
+    terms.remove()
+    return torch.cat(lps), [p.grad.clone() for p in model.parameters()], terms.take()
 
 
 def _shared(model, batch, micro_size):
@@ -51,12 +54,13 @@ def test_shared_prompts_give_the_full_passes_log_probs_and_gradients(rollout_bat
     model = build_tiny_model(tokenizer, seed=4)
     # rows in an order that interleaves the groups, so micro-batches mix prompts and split groups
     batch = rollout_batch.select(torch.tensor([0, 2, 4, 6, 1, 3, 5, 7]))
-    full_lp, full_grads = _full(model, batch, micro_size)
+    full_lp, full_grads, terms = _full(model, batch, micro_size)
+    assert_terms_cover(full_grads, terms)
     lp, grads, shared = _shared(model, batch, micro_size)
     # a prompt read from the shared cache is attended in other blocks than in a full pass (numerics.py)
-    assert_reordered_close(lp, full_lp, logprob_terms(batch))
-    for a, b in zip(grads, full_grads, strict=True):
-        assert_reordered_close(a, b, gradient_terms(batch), rows=True)
+    assert_reordered_close(lp, full_lp, logprob_terms(batch), scale=response_logprob_scale(model, batch, 0.7))
+    for a, b, t in zip(grads, full_grads, terms, strict=True):
+        assert_reordered_close(a, b, gradient_terms(batch), scale=t)
     keys = prompt_keys(batch)
     assert shared.distinct == len(set(keys)) == 4
     assert shared.saved_tokens == sum(len(k) - 1 for k in keys[4:])  # the second copy of each prompt
@@ -70,7 +74,8 @@ def test_shared_prompts_without_gradient(rollout_batch, tokenizer):
         lp, _ = response_logprobs(model, rollout_batch, 1.0, shared=shared)
         shared.backward()  # nothing to send: a no-op
     real = rollout_batch.response_attention_mask.bool()
-    assert_reordered_close(lp[real], full[real], logprob_terms(rollout_batch))
+    scale = response_logprob_scale(model, rollout_batch)
+    assert_reordered_close(lp[real], full[real], logprob_terms(rollout_batch), scale=scale)
     assert (lp[~real] == 0).all()
 
 

@@ -14,19 +14,29 @@ from __future__ import annotations
 import pytest
 import torch
 from numerics import assert_reordered_close
-from worker_factory import gradient_terms, logprob_terms, make_critic, run_two_ranks, whole
+from worker_factory import (
+    StepCapture,
+    gradient_terms,
+    logprob_terms,
+    make_critic,
+    response_logprob_scale,
+    run_two_ranks,
+    whole,
+)
 from worker_factory import make_actor as _actor
 
 from search_rl.batches import TrainBatch
+from search_rl.models import build_tiny_model
 from search_rl.workers.actor_rollout_ref import ActorRolloutRefWorker
 
 
-def test_recomputed_logprobs_match_the_engine(rollout_batch):
+def test_recomputed_logprobs_match_the_engine(rollout_batch, tokenizer):
     mask = rollout_batch.response_mask.bool()
     assert (~mask & rollout_batch.response_attention_mask.bool()).any(), "the rollout should contain observations"
     # the engine's KV-cached batched decode and the trainer's one pass sum in other orders (numerics.py)
     engine = rollout_batch.rollout_logprobs[mask]
-    assert_reordered_close(rollout_batch.old_logprobs[mask], engine, logprob_terms(rollout_batch))
+    scale = response_logprob_scale(build_tiny_model(tokenizer, seed=0), rollout_batch)  # the weights that sampled
+    assert_reordered_close(rollout_batch.old_logprobs[mask], engine, logprob_terms(rollout_batch), scale=scale)
     # the reference is a copy of the untrained policy run through the same code and shapes: equal, bit for bit
     torch.testing.assert_close(rollout_batch.ref_logprobs, rollout_batch.old_logprobs, rtol=0, atol=0)
 
@@ -43,13 +53,21 @@ def _gradients(worker: ActorRolloutRefWorker, batch: TrainBatch) -> list[torch.T
     return captured
 
 
+def _steps(worker: ActorRolloutRefWorker, batch: TrainBatch) -> StepCapture:
+    """Run an actor update (one process); every optimizer step's gradients and their ``GradientTerms`` sums."""
+    worker.init_distributed("127.0.0.1", 0)
+    capture = StepCapture(worker)
+    worker.update_actor(batch, step=1)
+    return capture
+
+
 def test_micro_batches_accumulate_to_the_same_gradient(rollout_batch):
     # two mini-batches of 2 prompts x 2 samples: two optimizer steps, of 4 and of 1 micro-batch(es) each
-    one = _gradients(_actor(micro=1, mini=2), rollout_batch)
-    four = _gradients(_actor(micro=4, mini=2), rollout_batch)
-    assert len(one) == len(four) > 0
-    for a, b in zip(one, four, strict=True):
-        assert_reordered_close(a, b, gradient_terms(rollout_batch), rows=True)
+    one = _steps(_actor(micro=1, mini=2), rollout_batch)
+    four = _steps(_actor(micro=4, mini=2), rollout_batch)
+    assert len(one.grads) == len(four.grads) > 0
+    for a, b, terms in zip(one.grads, four.grads, one.terms, strict=True):
+        assert_reordered_close(a, b, gradient_terms(rollout_batch), scale=terms)
 
 
 @pytest.mark.slow
@@ -64,22 +82,17 @@ def test_shared_prompts_give_the_gradient_of_full_passes(rollout_batch, lora_ran
         workers.append(_actor(micro=2, mini=2, lora_rank=lora_rank, share_prompts=share))
         workers[-1].init_distributed("127.0.0.1", 0)
     plain, shared = workers
-    n = logprob_terms(batch)
-    assert_reordered_close(shared.compute_log_prob(batch)[0], plain.compute_log_prob(batch)[0], n)
-    assert_reordered_close(shared.compute_ref_log_prob(batch), plain.compute_ref_log_prob(batch), n)
+    n, scale = logprob_terms(batch), response_logprob_scale(plain.module, batch)
+    assert_reordered_close(shared.compute_log_prob(batch)[0], plain.compute_log_prob(batch)[0], n, scale=scale)
+    assert_reordered_close(shared.compute_ref_log_prob(batch), plain.compute_ref_log_prob(batch), n, scale=scale)
     tokens = {}
-    grads = {}
+    steps = {}
     for name, worker in (("plain", plain), ("shared", shared)):
-        trainable = worker.trainable
-        captured: list[torch.Tensor] = []
-        trainable.optimizer.register_step_pre_hook(
-            lambda *_, t=trainable, c=captured: c.extend(whole(p.grad) for p in t.params)
-        )
+        steps[name] = StepCapture(worker)  # the plain passes' sums: each sample's prompt is its own terms
         tokens[name] = worker.update_actor(batch, step=1)["perf/actor_update_tokens"]
-        grads[name] = captured
-    assert len(grads["plain"]) == len(grads["shared"]) > 0
-    for a, b in zip(grads["shared"], grads["plain"], strict=True):
-        assert_reordered_close(a, b, gradient_terms(batch), rows=True)
+    assert len(steps["plain"].grads) == len(steps["shared"].grads) > 0
+    for a, b, terms in zip(steps["shared"].grads, steps["plain"].grads, steps["plain"].terms, strict=True):
+        assert_reordered_close(a, b, gradient_terms(batch), scale=terms)
     prompt_tokens = int(batch.attention_mask[:, : batch.prompt_length].sum())
     # two samples per prompt, each mini-batch holds both: half the prompt tokens (but the last of each) are saved
     assert tokens["plain"] - tokens["shared"] == (prompt_tokens - len(batch)) // 2
@@ -95,12 +108,12 @@ def _rank_gradients(rank: int, port: int, out: dict, batch: TrainBatch) -> None:
 @pytest.mark.slow
 def test_two_gloo_ranks_give_the_single_process_gradient(rollout_batch):
     # one optimizer step over all 8 samples: one process with micro-batches of 2, or two ranks with 4 samples each
-    single = _gradients(_actor(micro=2, mini=4), rollout_batch)
+    single = _steps(_actor(micro=2, mini=4), rollout_batch)
     ranks = run_two_ranks(_rank_gradients, rollout_batch, timeout_s=240)
-    assert len(ranks[0]) == len(ranks[1]) == len(single)
-    for a, b, ref in zip(ranks[0], ranks[1], single, strict=True):
+    assert len(ranks[0]) == len(ranks[1]) == len(single.grads)
+    for a, b, ref, terms in zip(ranks[0], ranks[1], single.grads, single.terms, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)  # both ranks gather the same reduced gradient
-        assert_reordered_close(a, ref, gradient_terms(rollout_batch), rows=True)
+        assert_reordered_close(a, ref, gradient_terms(rollout_batch), scale=terms)
 
 
 def test_critic_values_and_update(rollout_batch):
@@ -133,7 +146,7 @@ def test_checkpoint_round_trip(rollout_batch, tmp_path):
 
 def test_on_policy_update_without_old_logprobs_gives_the_recomputed_gradient(rollout_batch):
     # one mini-batch of the whole batch, one epoch: the update's own log-probs (detached) are the old ones
-    recomputed = _gradients(_actor(micro=2, mini=4), rollout_batch)
+    recomputed = _steps(_actor(micro=2, mini=4), rollout_batch)
     worker = _actor(micro=2, mini=4)
     worker.init_distributed("127.0.0.1", 0)
     trainable = worker.trainable
@@ -141,9 +154,9 @@ def test_on_policy_update_without_old_logprobs_gives_the_recomputed_gradient(rol
     captured: list[torch.Tensor] = []
     trainable.optimizer.register_step_pre_hook(lambda *_: captured.extend(whole(p.grad) for p in trainable.params))
     worker.update_actor(rollout_batch.replace(old_logprobs=None), step=1, on_policy=True)
-    assert len(recomputed) == len(captured) > 0
-    for a, b in zip(recomputed, captured, strict=True):
-        assert_reordered_close(a, b, gradient_terms(rollout_batch), rows=True)
+    assert len(recomputed.grads) == len(captured) > 0
+    for a, b, terms in zip(recomputed.grads, captured, recomputed.terms, strict=True):
+        assert_reordered_close(a, b, gradient_terms(rollout_batch), scale=terms)
     two_steps = _actor(micro=2, mini=2)
     two_steps.init_distributed("127.0.0.1", 0)
     with pytest.raises(ValueError, match="one optimizer step over one epoch"):
