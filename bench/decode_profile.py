@@ -1,10 +1,11 @@
 """Where the static engine's decode step spends its time: ``torch.profiler`` over its decode steps at real shapes.
 
 For each ``--arch`` and ``--rows`` (rows decoded together: ``max_batch_size`` = rows), on random weights, the static
-engine as ``build_static_engine`` resolves it (on CUDA: graphs and compile) makes a warm-up call (captures, compiles),
-then two profiled calls on fresh prompts: a prefill call (each row's first token, read back at once) and a call of
-``1 + S`` tokens, ``S`` = ``--steps`` rounded up to whole readback blocks (8 steps on CUDA: 20 asked give 24). What
-the second call did beyond the first is ``S`` decode steps and their readbacks. Per decode step:
+engine with graphs and compile asked for on CUDA (left null they stay off until the engine passes the GPU round)
+makes a warm-up call (captures, compiles), then two profiled calls on fresh prompts: a prefill call (each row's first
+token, read back at once) and a call of ``1 + S`` tokens, ``S`` = ``--steps`` rounded up to whole readback blocks
+(8 steps on CUDA: 20 asked give 24). What the second call did beyond the first is ``S`` decode steps and their
+readbacks. Per decode step:
 
 - ``kernels``: device kernels launched (on CPU, where there are none, top-level ``aten::`` ops stand in);
 - ``step_ms``: wall time; ``busy_ms``: time at least one kernel ran (the union of their intervals);
@@ -144,7 +145,9 @@ def main() -> None:
     for arch in args.arch:
         model = build_model(arch, tokenizer, dtype, device, args.layers)
         cfg = HFEngineConfig(max_batch_size=max(args.rows))
-        engine = build_static_engine(cfg, StaticEngineConfig(), model, tokenizer)
+        on_cuda = device.type == "cuda"
+        static = StaticEngineConfig(cuda_graphs=on_cuda, compile=on_cuda)
+        engine = build_static_engine(cfg, static, model, tokenizer)
         for rows in args.rows:
             figures = decode_profile(engine, rows, args.prompt_tokens, args.steps, min(len(tokenizer), 40000))
             found = {"arch": arch, "device": name, **figures}

@@ -77,7 +77,7 @@ def main() -> None:
     client = RetrieverClient(RetrieverClientConfig(url=args.retriever_url, topk=3))
     client.check_reachable()
     cfg = RolloutConfig(
-        max_turns=args.max_turns,
+        search_turns=args.max_turns,
         max_turn_tokens=args.max_turn_tokens,
         max_obs_tokens=256,
         max_response_tokens=args.max_response_tokens,

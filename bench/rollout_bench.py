@@ -68,11 +68,14 @@ class CountingEngine(HFEngine):
 
 def build_engine(name: str, model, tokenizer, prefix_cache: bool):  # type: ignore[no-untyped-def]
     """The engine ``--engine`` names, keeping every result in ``engine.results``: the HF engine as
-    ``CountingEngine``, the static one as ``build_static_engine`` makes it (CUDA graphs and compile on CUDA only)."""
+    ``CountingEngine``, the static one with CUDA graphs and compile asked for on CUDA only (left null they stay off
+    until the engine passes the GPU round)."""
     hf = HFEngineConfig(prefix_cache=prefix_cache)
     if name == "hf":
         return CountingEngine(model, tokenizer, hf)
-    engine = build_static_engine(hf, StaticEngineConfig(), model, tokenizer)
+    on_cuda = model.device.type == "cuda"
+    static = StaticEngineConfig(cuda_graphs=on_cuda, compile=on_cuda)
+    engine = build_static_engine(hf, static, model, tokenizer)
     generate = engine.generate
 
     def counted_generate(prompts, params, max_new_tokens=None):  # type: ignore[no-untyped-def]
@@ -185,7 +188,7 @@ def main() -> None:
     engine = build_engine(args.engine, model, tokenizer, prefix_cache=not args.no_prefix_cache)
     engine.results = []
     cfg = RolloutConfig(
-        max_turns=args.max_turns,
+        search_turns=args.max_turns,
         max_turn_tokens=args.max_turn_tokens,
         max_obs_tokens=256,
         max_response_tokens=args.max_response_tokens,

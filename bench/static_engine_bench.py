@@ -32,9 +32,10 @@ Models have random weights: ``tiny`` (the test model) or a real architecture's s
     python bench/static_engine_bench.py --arch qwen2.5-3b --seqs 64 256 --max-batch-size 256           # GPU, bf16
     python bench/static_engine_bench.py --arch smollm2-135m --case search-r1 --seqs 64 --engines static
 
-Engines: ``hf``; ``static`` (``rollout.static`` resolved as ``build_static_engine`` does: CUDA graphs on CUDA, compile
-off); ``static-eager`` (no graphs); ``static-compiled`` (compile on, graphs on CUDA); ``transformers-cb``
-(transformers' ``generate_batch``, EOS its only stop, no reuse). One line per (engine, case, turn, seqs)::
+Engines: ``hf``; ``static`` (CUDA graphs on CUDA, compile off: both asked for explicitly, since ``rollout.static``
+left null keeps them off until the engine passes the GPU round); ``static-eager`` (no graphs); ``static-compiled``
+(compile on, graphs on CUDA); ``transformers-cb`` (transformers' ``generate_batch``, EOS its only stop, no reuse).
+One line per (engine, case, turn, seqs)::
 
     static_engine_bench engine=<e> arch=<a> case=<c> turn=<t> seqs=<n> max_batch=<b> prompt_tokens=<p>
     new_tokens=<k> prefill_tok_s=<x> decode_tok_s=<x> tok_s=<x> first_s=<s> roofline=<f|na> reused_tokens=<n>
@@ -112,8 +113,11 @@ class Runner:
         if name == "hf":
             self.engine = HFEngine(model, tokenizer, cfg)
         elif name.startswith("static"):
+            # Asked for explicitly: left null, build_static_engine keeps graphs and compile off until the engine
+            # has passed the GPU round, and the rows would all measure eager decoding.
+            on_cuda = model.device.type == "cuda"
             static = StaticEngineConfig(
-                cuda_graphs=False if name == "static-eager" else None, compile=name == "static-compiled"
+                cuda_graphs=on_cuda and name != "static-eager", compile=name == "static-compiled"
             )
             self.engine = build_static_engine(cfg, static, model, tokenizer)
 

@@ -175,7 +175,8 @@ def check_engine_settings(rollout: EngineRolloutConfig, on_cpu: bool, auto_why: 
 
 
 def _check_static_on_cpu(static: StaticEngineConfig) -> None:
-    """The static engine's GPU settings, asked for on a CPU: refused (``null``, their default, means "on a GPU")."""
+    """The static engine's GPU settings, asked for on a CPU: refused (``null``, their default, is off until the engine
+    has passed the GPU round, then on a GPU only: ``factory.static_features``)."""
     key = "actor_rollout_ref.rollout.static"
     for name, why in (
         ("cuda_graphs", "CUDA graphs need a GPU"),
@@ -183,8 +184,8 @@ def _check_static_on_cpu(static: StaticEngineConfig) -> None:
     ):
         if getattr(static, name):
             raise ConfigError(
-                f"{key}.{name}=true, and this run's static engine is on CPU ({why}); set {key}.{name}=null (on a GPU "
-                "only) or false"
+                f"{key}.{name}=true, and this run's static engine is on CPU ({why}); set {key}.{name}=false (or "
+                "null, the default: off on a CPU)"
             )
 
 

@@ -15,6 +15,7 @@ exits with code 2 and one clear message. Only then ``train`` starts Ray (``ray_s
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from transformers import PreTrainedTokenizerBase
 from search_rl.algorithms import estimator_needs
 from search_rl.async_rollout.build import build_rollout_source
 from search_rl.batches import PromptBatch
-from search_rl.config import CONFIG_DIR, ConfigError, PPOConfig, StepSettings, register_configs
+from search_rl.config import CONFIG_DIR, ConfigError, PPOConfig, StepSettings, exit_on_renamed, register_configs
 from search_rl.launch import build_run_tracker, make_group, run_main, worker_session, worker_specs
 from search_rl.models import load_tokenizer, model_context_length
 from search_rl.prompt_data import PromptDataset, PromptLoader, read_rows
@@ -66,7 +67,7 @@ def prepare(cfg: PPOConfig, config_dict: dict[str, Any] | None = None) -> Prepar
     tokenizer = load_tokenizer(cfg.model.path)
     cfg.validate(rollout.hf.max_model_len or model_context_length(cfg.model.path, tokenizer))
     check_mode(cfg)
-    if rollout.do_search and rollout.max_turns > 0:
+    if rollout.search_turns > 0:
         retriever = build_retriever(cfg.retriever)
         retriever.check_reachable()
         write_backend_manifest(Path(cfg.trainer.default_local_dir) / "retrieval.json", cfg.retriever, retriever)
@@ -227,4 +228,5 @@ def main(composed: DictConfig) -> None:
 register_configs()
 
 if __name__ == "__main__":
+    exit_on_renamed("ppo_trainer", sys.argv[1:])
     main()

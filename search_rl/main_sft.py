@@ -73,7 +73,7 @@ def prepare(cfg: SFTConfig, config_dict: dict[str, Any] | None = None) -> Prepar
     tokenizer = load_tokenizer(cfg.model.path)
     cfg.validate(rollout.hf.max_model_len or model_context_length(cfg.model.path, tokenizer))
     validating = bool(cfg.data.val_files) and cfg.trainer.test_freq > 0
-    if validating and rollout.do_search and rollout.max_turns > 0:
+    if validating and rollout.search_turns > 0:
         build_retriever(cfg.retriever).check_reachable()
     dataset = SFTDataset(
         cfg.data.train_files,

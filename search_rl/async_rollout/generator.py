@@ -65,7 +65,7 @@ class GeneratorWorker:
         dtype = compute_dtype_on(model.dtype, spec.torch_device)  # auto: for this generator's device
         torch.nn.Module.to(engine_model, dtype=dtype)  # in place, like the actor's engine copy
         self.engine = self._build_engine(engine_model, rollout)
-        client = build_retriever(retriever) if rollout.do_search and rollout.max_turns > 0 else None
+        client = build_retriever(retriever) if rollout.search_turns > 0 else None
         self.manager = LLMGenerationManager(self.engine, self.tokenizer, client, rollout.search_loop_config())
         self.pulls = 0
 

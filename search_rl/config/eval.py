@@ -6,7 +6,12 @@ from dataclasses import dataclass, field
 
 from search_rl.config.errors import ConfigError
 from search_rl.config.model import ModelConfig
-from search_rl.config.rollout import EngineRolloutConfig, RetrieverClientConfig, RolloutConfig, share_search_keys
+from search_rl.config.rollout import (
+    DEFAULT_MAX_TURNS,
+    EngineRolloutConfig,
+    RetrieverClientConfig,
+    derive_search_turns,
+)
 from search_rl.config.run import RewardConfig
 
 BASELINES = ("search", "no_search", "naive_rag")
@@ -50,11 +55,11 @@ class EvalActorRolloutRefConfig:
 class EvalConfig:
     """The root of ``configs/eval.yaml``."""
 
-    do_search: bool = RolloutConfig.do_search
-    """Execute ``<search>`` actions (``search`` baseline only); one setting with
-    ``actor_rollout_ref.rollout.do_search``."""
-    max_turns: int = RolloutConfig.max_turns
-    """Search turns per episode (``search`` baseline only); one setting with ``actor_rollout_ref.rollout.max_turns``."""
+    do_search: bool = True
+    """Execute ``<search>`` actions (``search`` baseline only)."""
+    max_turns: int = DEFAULT_MAX_TURNS
+    """Search turns per episode (``search`` baseline only). With ``do_search`` it sets the rollout's
+    ``search_turns``, the one value the rollout reads."""
     baseline: str = "search"
     """``search`` (the rows' prompts, with search), ``no_search`` (closed book) or ``naive_rag`` (top-k passages of
     the question inlined in the prompt, no search)."""
@@ -79,7 +84,7 @@ class EvalConfig:
     """Where the run folder with ``metrics.json`` and ``trajectories.jsonl`` goes."""
 
     def __post_init__(self) -> None:
-        share_search_keys(self, self.actor_rollout_ref.rollout)
+        self.actor_rollout_ref.rollout.search_turns = derive_search_turns(self.do_search, self.max_turns)
         if self.baseline not in BASELINES:
             raise ConfigError(f"baseline must be one of {BASELINES}, got {self.baseline!r}")
         if self.rag_topk < 1 or self.batch_size < 1:

@@ -32,6 +32,12 @@ RENAMED: dict[str, dict[str, str]] = {
 }
 """Keys that moved so that every entry point names a setting by the same path: ``{config: {old prefix: new}}``."""
 
+SEARCH_KEY_COPIES = {f"actor_rollout_ref.rollout.{key}": key for key in ("do_search", "max_turns")}
+"""The rollout's former copies of Search-R1's top-level keys: each setting has one key now, the top-level one."""
+
+DERIVED_KEYS = {"actor_rollout_ref.rollout.search_turns": "max_turns and do_search"}
+"""Keys the config derives from others (named), never set directly."""
+
 
 def register_configs() -> None:
     """Register every root schema in Hydra's ConfigStore (each YAML lists ``<name>_schema`` first in its defaults)."""
@@ -47,14 +53,23 @@ def register_configs() -> None:
 
 
 def renamed_key_errors(config_name: str, overrides: Sequence[str]) -> list[str]:
-    """One message per override that uses a key which moved (``RENAMED``), naming the new key."""
+    """One message per override that uses a key which moved (``RENAMED``, ``SEARCH_KEY_COPIES``), naming the key to
+    use, or sets a derived key (``DERIVED_KEYS``), naming the keys it comes from."""
     moved = RENAMED.get(config_name, {})
     errors = []
     for override in overrides:
         key = override.split("=", 1)[0].lstrip("+~")
-        for old, new in moved.items():
-            if key == old or key.startswith(old + "."):
-                errors.append(f"{key} is now {new + key[len(old) :]} (the same path in every entry point)")
+        moved_to = (new + key[len(old) :] for old, new in moved.items() if key == old or key.startswith(old + "."))
+        path = next(moved_to, key)
+        if path in SEARCH_KEY_COPIES:
+            errors.append(
+                f"{key} is now {SEARCH_KEY_COPIES[path]}: the top-level key (Search-R1's) is the setting's one key, "
+                "and the rollout reads it"
+            )
+        elif path in DERIVED_KEYS:
+            errors.append(f"{key} is derived from {DERIVED_KEYS[path]}; set those instead")
+        elif path != key:
+            errors.append(f"{key} is now {path} (the same path in every entry point)")
     return errors
 
 

@@ -10,7 +10,7 @@ from search_rl.config.algorithm import AlgorithmConfig
 from search_rl.config.errors import ConfigError
 from search_rl.config.model import ModelConfig, check_trainable_dtype
 from search_rl.config.roles import ActorRolloutRefConfig, CriticConfig
-from search_rl.config.rollout import RetrieverClientConfig, RolloutConfig, share_search_keys
+from search_rl.config.rollout import DEFAULT_MAX_TURNS, RetrieverClientConfig, derive_search_turns
 from search_rl.config.run import DataConfig, RewardConfig, TrainerConfig
 
 DEFAULT_GROUP_SIZE = 4
@@ -25,12 +25,12 @@ DEFAULT_TIS_CAP = 2.0
 class PPOConfig:
     """The root of ``configs/ppo_trainer.yaml``."""
 
-    do_search: bool = RolloutConfig.do_search
-    """Execute ``<search>`` actions against the retriever (Search-R1's key; one setting with
-    ``actor_rollout_ref.rollout.do_search``)."""
-    max_turns: int = RolloutConfig.max_turns
-    """Search turns per episode, then one final answer turn (Search-R1's key; one setting with
-    ``actor_rollout_ref.rollout.max_turns``)."""
+    do_search: bool = True
+    """Execute ``<search>`` actions against the retriever (Search-R1's key; false: every episode is a single answer
+    turn)."""
+    max_turns: int = DEFAULT_MAX_TURNS
+    """Search turns per episode, then one final answer turn (Search-R1's key). With ``do_search`` it sets the
+    rollout's ``search_turns``, the one value the rollout reads."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The starting policy."""
     data: DataConfig = field(default_factory=DataConfig)
@@ -50,7 +50,7 @@ class PPOConfig:
 
     def __post_init__(self) -> None:
         check_trainable_dtype(self.model)
-        share_search_keys(self, self.actor_rollout_ref.rollout)
+        self.actor_rollout_ref.rollout.search_turns = derive_search_turns(self.do_search, self.max_turns)
 
     @property
     def n_samples(self) -> int:

@@ -6,13 +6,15 @@ Choice fields are plain ``str`` checked in ``__post_init__`` (OmegaConf structur
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from retriever_server.settings import DEFAULT_URL
 from search_rl.config.errors import ConfigError
 from search_rl.config.search_backends import RecordingConfig, SimulatedSearchConfig, WebSearchConfig, check_backend
 
 ENGINES = ("auto", "hf", "static", "vllm")
+
+DEFAULT_MAX_TURNS = 4
+"""Search turns per episode when the top-level ``max_turns`` is not set."""
 
 
 @dataclass
@@ -83,12 +85,11 @@ class RetrieverClientConfig:
 class RolloutConfig:
     """The multi-turn search loop: turns, length budgets, sampling and failure policy."""
 
-    do_search: bool = True
-    """Execute ``<search>`` actions; when false every episode is a single answer turn. In the entry points this and
-    the top-level ``do_search`` are one setting: set either (two different values are refused)."""
-    max_turns: int = 4
-    """Search turns; one further final turn follows, in which search is off and the model must answer. In the entry
-    points this and the top-level ``max_turns`` are one setting: set either (two different values are refused)."""
+    search_turns: int = DEFAULT_MAX_TURNS
+    """Search turns of an episode; one further final turn follows, in which search is off and the model must answer
+    (0: a single answer turn). Derived, not a key to set (the command line refuses it): each entry point's config
+    sets it from the top-level ``max_turns`` and ``do_search`` (``derive_search_turns``); code that builds a rollout
+    by hand passes it."""
     max_prompt_tokens: int = 512
     """Longest prompt; longer prompts are an error or are cut from the left (``prompt_truncation``)."""
     max_turn_tokens: int = 256
@@ -126,8 +127,8 @@ class RolloutConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_turns < 0:
-            raise ValueError(f"rollout.max_turns must be >= 0, got {self.max_turns}")
+        if self.search_turns < 0:
+            raise ValueError(f"rollout.search_turns must be >= 0, got {self.search_turns}")
         if self.max_turn_tokens > self.max_response_tokens:
             raise ValueError(
                 f"rollout.max_turn_tokens={self.max_turn_tokens} exceeds rollout.max_response_tokens="
@@ -162,40 +163,19 @@ class RolloutConfig:
             )
 
 
-class SearchKeys(Protocol):
-    """A root config holding Search-R1's top-level ``do_search`` and ``max_turns``."""
+def derive_search_turns(do_search: bool, max_turns: int) -> int:
+    """The search turns of an episode from Search-R1's top-level keys, the one place they are combined: ``max_turns``
+    where ``do_search``, else 0. Each root config hands the result to its rollout (``RolloutConfig.search_turns``).
 
-    do_search: bool
-    max_turns: int
-
-
-SEARCH_KEYS = ("do_search", "max_turns")
-"""Search-R1's top-level keys; each names the same setting as ``actor_rollout_ref.rollout.<key>``."""
-
-
-def share_search_keys(root: SearchKeys, rollout: RolloutConfig) -> None:
-    """Make the top-level ``do_search`` / ``max_turns`` and the rollout's keys of the same name one setting, in place.
-
-    The YAML ties them by interpolation (``configs/rollout/hf.yaml``: the rollout's key is ``${max_turns}``); this
-    does the same for a config built in Python (``PPOConfig(max_turns=2)``) and for a command line that sets
-    ``actor_rollout_ref.rollout.max_turns=2`` directly: where one of the two differs from the default, both take it.
+    >>> derive_search_turns(True, 4), derive_search_turns(False, 4)
+    (4, 0)
 
     Raises:
-        ConfigError: both differ from the default and from each other (the two keys named, and which one to keep).
+        ConfigError: ``max_turns`` is negative.
     """
-    for name in SEARCH_KEYS:
-        default, top, inner = getattr(RolloutConfig, name), getattr(root, name), getattr(rollout, name)
-        if top == inner:
-            continue
-        if inner == default:
-            setattr(rollout, name, top)
-        elif top == default:
-            setattr(root, name, inner)
-        else:
-            raise ConfigError(
-                f"{name}={top} and actor_rollout_ref.rollout.{name}={inner} name the same setting but disagree; "
-                f"set one of them (the top-level {name}, Search-R1's key, is the usual one)"
-            )
+    if max_turns < 0:
+        raise ConfigError(f"max_turns must be >= 0, got {max_turns}")
+    return max_turns if do_search else 0
 
 
 @dataclass
@@ -322,10 +302,7 @@ class EngineRolloutConfig(RolloutConfig):
 @dataclass
 class TrainRolloutConfig(EngineRolloutConfig):
     """The rollout as the trainer runs it: the search loop and its engine (``EngineRolloutConfig``) plus samples per
-    prompt and the trainer's failure policy.
-
-    ``do_search`` and ``max_turns`` are one setting with the top-level keys of the same names (``share_search_keys``).
-    """
+    prompt and the trainer's failure policy."""
 
     n: int | None = None
     """Samples per prompt; ``null`` = 1, or 4 for estimators that compare samples of a prompt (``grpo``, ``rloo``)."""

@@ -13,7 +13,12 @@ from dataclasses import dataclass, field
 from search_rl.config.errors import ConfigError
 from search_rl.config.model import ModelConfig, OptimConfig, check_trainable_dtype
 from search_rl.config.roles import ActorConfig
-from search_rl.config.rollout import RetrieverClientConfig, RolloutConfig, TrainRolloutConfig, share_search_keys
+from search_rl.config.rollout import (
+    DEFAULT_MAX_TURNS,
+    RetrieverClientConfig,
+    TrainRolloutConfig,
+    derive_search_turns,
+)
 from search_rl.config.run import DataConfig, RewardConfig, TrainerConfig
 
 SFT_TRAIN_FILE = "data/datasets/nq_hotpotqa_mini/sft_train.parquet"
@@ -55,12 +60,12 @@ class SFTRolloutConfig:
 class SFTConfig:
     """The root of ``configs/sft_trainer.yaml``."""
 
-    do_search: bool = RolloutConfig.do_search
-    """Validation rollouts execute ``<search>`` actions (Search-R1's key; one setting with
-    ``actor_rollout_ref.rollout.do_search``)."""
-    max_turns: int = RolloutConfig.max_turns
-    """Search turns per episode (validation; examples with more searches are left out and counted); one setting with
-    ``actor_rollout_ref.rollout.max_turns``."""
+    do_search: bool = True
+    """Validation rollouts execute ``<search>`` actions (Search-R1's key; false: a single answer turn, and examples
+    with a search are left out)."""
+    max_turns: int = DEFAULT_MAX_TURNS
+    """Search turns per episode (validation; examples with more searches are left out and counted). With
+    ``do_search`` it sets the rollout's ``search_turns``, the one value the rollout reads."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The starting policy."""
     data: DataConfig = field(default_factory=lambda: DataConfig(train_files=[SFT_TRAIN_FILE], train_batch_size=16))
@@ -83,7 +88,7 @@ class SFTConfig:
 
     def __post_init__(self) -> None:
         check_trainable_dtype(self.model)
-        share_search_keys(self, self.actor_rollout_ref.rollout)
+        self.actor_rollout_ref.rollout.search_turns = derive_search_turns(self.do_search, self.max_turns)
         if self.actor_rollout_ref.rollout.n is None:
             self.actor_rollout_ref.rollout.n = 1
 

@@ -204,7 +204,7 @@ def build_fingerprint(
     r = cfg.rollout
     sampled = cfg.n_samples > 1
     budgets: dict[str, Any] = {
-        "max_turns": cfg.max_turns if cfg.do_search else 0,
+        "max_turns": r.search_turns,  # the search turns, under the key earlier results carry
         "max_prompt_tokens": r.max_prompt_tokens,
         "max_turn_tokens": r.max_turn_tokens,
         "max_obs_tokens": r.max_obs_tokens,

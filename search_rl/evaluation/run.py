@@ -75,10 +75,10 @@ def evaluate(cfg: EvalConfig, retriever: Retriever | None = None) -> EvalResult:
     """Roll out every selected row (greedily, or ``n_samples`` times), score it, write the files (what they hold:
     ``search_rl/main_eval.py``). ``retriever`` replaces the configured one in the search loop (the grounding probes,
     ``search_rl.evaluation.probes``); ``metrics.json`` carries the run's fingerprint (``evaluation.fingerprint``)."""
-    search = cfg.baseline == "search" and cfg.do_search and cfg.max_turns > 0
+    search = cfg.baseline == "search" and cfg.rollout.search_turns > 0
     k, greedy = cfg.n_samples, cfg.n_samples == 1
     seed = 0 if cfg.rollout.seed is None else cfg.rollout.seed
-    rollout = replace(cfg.rollout, do_search=search, max_turns=cfg.max_turns if search else 0, greedy=greedy)
+    rollout = replace(cfg.rollout, search_turns=cfg.rollout.search_turns if search else 0, greedy=greedy)
     if search or cfg.baseline == "naive_rag":
         build_retriever(cfg.retriever).check_reachable()
     tokenizer = load_tokenizer(cfg.model.path)

@@ -10,7 +10,8 @@ One turn, for all still-active samples at once:
 2. the action is parsed from that turn's new text only (``actions.parse_action``);
 3. all search queries of the turn go to the retriever in one batched call;
 4. each sample gets its observation (passages, corrective feedback or retriever error), appended with mask 0.
-After ``max_turns`` search turns comes one final turn in which search is off: the model must answer.
+After ``search_turns`` search turns (``rollout.search_turns``: the top-level ``max_turns``, 0 without ``do_search``)
+comes one final turn in which search is off: the model must answer.
 """
 
 from __future__ import annotations
@@ -97,8 +98,11 @@ class LLMGenerationManager:
         self, engine: RolloutEngine, tokenizer: PreTrainedTokenizerBase, retriever: Retriever | None, cfg: RolloutConfig
     ) -> None:
         cfg.validate(engine.max_model_len)
-        if cfg.do_search and cfg.max_turns > 0 and retriever is None:
-            raise ValueError("LLMGenerationManager: rollout.do_search is on but no retriever was given")
+        if cfg.search_turns > 0 and retriever is None:
+            raise ValueError(
+                f"LLMGenerationManager: rollout.search_turns={cfg.search_turns} (search is on), but no retriever was "
+                "given"
+            )
         self.engine, self.tokenizer, self.retriever, self.cfg = engine, tokenizer, retriever, cfg
         self.obs = ObservationBuilder(tokenizer)
         if cfg.max_obs_tokens < self.obs.min_tokens + 8:
@@ -158,7 +162,7 @@ class LLMGenerationManager:
         self, samples: list[_Sample], timing: dict[str, float], greedy: bool | None, seed: int | None
     ) -> None:
         """Lock-step turns: every active sample generates its turn, then all of the turn's queries are searched."""
-        search_turns = self.cfg.max_turns if self.cfg.do_search else 0
+        search_turns = self.cfg.search_turns
         for turn in range(search_turns + 1):
             active = [s for s in samples if not s.done]
             if not active:
@@ -186,7 +190,7 @@ class LLMGenerationManager:
         """Continuous batching: a sample that stops at ``</search>`` is searched while the others keep decoding (the
         decode step runs in a worker thread, the searches on this event loop) and rejoins with its observation.
         Sample ``i``'s turn ``t`` samples from seed ``sample_seed(turn_seed(seed, t), i)``, whatever else runs."""
-        search_turns = self.cfg.max_turns if self.cfg.do_search else 0
+        search_turns = self.cfg.search_turns
         seed = self.cfg.seed if seed is None else seed
         session = engine.open_session(self._params(0, greedy, None))
         turn = [0] * len(samples)

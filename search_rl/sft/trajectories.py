@@ -119,8 +119,8 @@ def build_trajectory(
     if len(prompt_ids) > cfg.max_prompt_tokens:
         raise SkipExample("prompt_too_long", f"{len(prompt_ids)} > max_prompt_tokens={cfg.max_prompt_tokens}")
     searches = len(turns) - 1
-    if searches > (cfg.max_turns if cfg.do_search else 0):
-        raise SkipExample("too_many_searches", f"{searches} searches > max_turns={cfg.max_turns}")
+    if searches > cfg.search_turns:
+        raise SkipExample("too_many_searches", f"{searches} searches > {cfg.search_turns} search turns")
     ids: list[int] = []
     mask: list[int] = []
     segments: list[Segment] = []

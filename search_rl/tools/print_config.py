@@ -8,8 +8,10 @@
 
 Sources, from weakest to strongest (the order Hydra applies them): ``default`` (the dataclass field in
 ``search_rl/config/``), a group file (``configs/model/tiny.yaml``), the primary file
-(``configs/ppo_trainer.yaml``), then ``override`` (the command line). Interpolated values are shown resolved.
-The config is composed by Hydra exactly as ``main_ppo`` / ``main_eval`` compose it, so an unknown key fails here too.
+(``configs/ppo_trainer.yaml``), then ``override`` (the command line). Interpolated values are shown resolved, and a
+key the config derives from others (``actor_rollout_ref.rollout.search_turns``) as derived, with the keys it comes
+from. The config is composed by Hydra exactly as ``main_ppo`` / ``main_eval`` compose it, so an unknown key or one
+that moved fails here too.
 
 ``--reference`` writes the configuration reference (``docs/config_reference.md``): every key of the three entry
 points with its type, default and the docstring under its dataclass field, the one place a field is documented.
@@ -22,6 +24,7 @@ import ast
 import dataclasses
 import inspect
 import logging
+import operator
 import sys
 import textwrap
 from typing import Any, cast
@@ -29,7 +32,8 @@ from typing import Any, cast
 import yaml
 from omegaconf import OmegaConf, open_dict
 
-from search_rl.config import CONFIG_DIR, register_configs
+from search_rl.config import CONFIG_DIR, check_renamed, register_configs, to_typed
+from search_rl.config.loading import DERIVED_KEYS
 from search_rl.logging_setup import MESSAGE_FORMAT, configure_logging
 
 logger = logging.getLogger(__name__)
@@ -86,11 +90,13 @@ def override_key(override: str) -> str | None:
     return None if key in groups() else key
 
 
-def compose(config_name: str, overrides: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
-    """The resolved config as a plain dict, and the chosen option of every group."""
+def compose(config_name: str, overrides: list[str]) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
+    """The resolved config as a plain dict, the chosen option of every group, and the value of each derived key
+    (``DERIVED_KEYS``) as the typed config sets it (the composed config holds only its field's default)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
+    check_renamed(config_name, overrides)
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         composed = hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
@@ -99,7 +105,9 @@ def compose(config_name: str, overrides: list[str]) -> tuple[dict[str, Any], dic
         del composed["hydra"]
     resolved = OmegaConf.to_container(composed, resolve=True)
     assert isinstance(resolved, dict)
-    return cast(dict[str, Any], resolved), choices
+    typed = to_typed(composed)
+    derived = {key: operator.attrgetter(key)(typed) for key in DERIVED_KEYS}
+    return cast(dict[str, Any], resolved), choices, derived
 
 
 def sources(config_name: str, overrides: list[str], choices: dict[str, str], keys: list[str]) -> dict[str, str]:
@@ -122,9 +130,10 @@ def sources(config_name: str, overrides: list[str], choices: dict[str, str], key
 
 def render(config_name: str, overrides: list[str]) -> str:
     """The report: chosen groups, then ``key = value    # source`` per leaf."""
-    resolved, choices = compose(config_name, overrides)
-    flat = flatten(resolved)
+    resolved, choices, derived = compose(config_name, overrides)
+    flat = flatten(resolved) | derived
     origin = sources(config_name, overrides, choices, list(flat))
+    origin.update({key: f"derived from {DERIVED_KEYS[key]}" for key in derived})
     lines = [f"# configs/{config_name}.yaml with {' '.join(overrides) or 'no overrides'}", "# groups:"]
     lines += [f"#   {g}={o}" for g, o in sorted(choices.items()) if g in groups()]
     width = max(len(f"{k} = {v!r}") for k, v in flat.items())

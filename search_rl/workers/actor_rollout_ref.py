@@ -168,7 +168,7 @@ class ActorRolloutRefWorker:
             D.shard(self.reference, self.spec, self.compute_dtype)
         self.trainable = TrainableModel(self.module, self.actor_cfg.optim, self.actor_cfg.grad_clip, self.spec, "actor")
         self.engine = self._build_engine()
-        searching = self.rollout_cfg.do_search and self.rollout_cfg.max_turns > 0
+        searching = self.rollout_cfg.search_turns > 0
         client = build_retriever(self.retriever_cfg) if searching else None
         self.manager = LLMGenerationManager(self.engine, self.tokenizer, client, self.rollout_cfg.search_loop_config())
 

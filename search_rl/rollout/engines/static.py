@@ -4,12 +4,13 @@ sampling and stops on the device and, on CUDA, each decode step captured once pe
 A call's sequences live in the slots of one pre-allocated KV cache (``slot_cache.SlotCache``); slots ``0..live-1``
 are the running ones. A decode step runs the lean forward for those rows, samples (``sample_tokens`` with one
 counter-based uniform per row: ``decoding.counter_uniforms``), writes the token and its log-prob into per-slot
-buffers and marks EOS and length stops, all on the device. The host reads back every ``readback_steps`` steps
-(8 on CUDA, 1 on CPU, where a step past a stop costs real compute and a readback costs nothing): it checks stop
-strings on the new tokens, drops what came after a stop, stores finished sequences' KV states for the next call
-(prefix reuse), moves the last running slots into the freed ones (so the running rows stay a dense prefix) and
-prefills waiting sequences into the free slots. A GRPO group's repeated prompt is encoded once and copied, and the
-prefix every prompt of a call shares (the instruction template) once per call.
+buffers and marks EOS and length stops, all on the device (``decode_state.DecodeState``; the call's host side is
+``decode_state.CallState``). The host reads back every ``readback_steps`` steps (8 on CUDA, 1 on CPU, where a
+step past a stop costs real compute and a readback costs nothing): it checks stop strings on the new tokens, drops
+what came after a stop, stores finished sequences' KV states for the next call (prefix reuse), moves the last
+running slots into the freed ones (so the running rows stay a dense prefix) and prefills waiting sequences into the
+free slots. A GRPO group's repeated prompt is encoded once and copied, and the prefix every prompt of a call shares
+(the instruction template) once per call.
 
 With ``cuda_graphs`` on CUDA the decode step is captured as a graph per (rows bucket, width bucket, sampling
 settings), kept across calls and training steps (``sleep`` keeps them unless told to free the memory), and checked
@@ -25,21 +26,14 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from search_rl.config import HFEngineConfig
 from search_rl.datatypes import Generated, SamplingParams
-from search_rl.rollout.engines.decoding import (
-    LogitsProcessor,
-    counter_uniforms,
-    finish_reason,
-    sample_tokens,
-    stream_key,
-)
+from search_rl.rollout.engines.decode_state import CallState, DecodeState
+from search_rl.rollout.engines.decoding import LogitsProcessor, stream_key
 from search_rl.rollout.engines.growing_cache import fill_holes
 from search_rl.rollout.engines.in_process import InProcessEngine
 from search_rl.rollout.engines.lean_decoder import LeanDecoder
@@ -76,65 +70,6 @@ def batch_bucket(n: int, most: int) -> int:
 
 def _round_up(n: int, quantum: int) -> int:
     return -(-n // quantum) * quantum
-
-
-@dataclass
-class _Call:
-    """One ``generate`` call's sequences: prompts, limits, sampling streams, and what each has sampled."""
-
-    prompts: list[list[int]]
-    limits: list[int]
-    params: SamplingParams
-    streams: list[int]
-    tokens: list[list[int]] = field(default_factory=list)
-    logps: list[list[float]] = field(default_factory=list)
-    results: list[Generated | None] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        n = len(self.prompts)
-        self.tokens, self.logps, self.results = [[] for _ in range(n)], [[] for _ in range(n)], [None] * n
-
-
-class _DecodeState:
-    """Per-slot decode state on the device: what the captured step reads and writes.
-
-    ``tok`` is each slot's newest sampled token, to be written at cache column ``pos``; ``n_gen`` tokens are in
-    ``out_tok`` / ``out_lp``; ``done`` slots (finished on the device, or idle) no longer advance.
-    """
-
-    def __init__(self, slots: int, length: int, device: torch.device) -> None:
-        long = torch.long
-        self.tok = torch.zeros(slots, dtype=long, device=device)  # (slots,)
-        self.pos = torch.full((slots,), length - 1, dtype=long, device=device)  # (slots,) idle: the scratch column
-        self.n_gen = torch.zeros(slots, dtype=long, device=device)  # (slots,)
-        self.limit = torch.ones(slots, dtype=long, device=device)  # (slots,)
-        self.stream = torch.zeros(slots, dtype=long, device=device)  # (slots,)
-        self.done = torch.ones(slots, dtype=torch.bool, device=device)  # (slots,)
-        self.out_tok = torch.zeros((slots, length), dtype=long, device=device)  # (slots, T)
-        self.out_lp = torch.zeros((slots, length), dtype=torch.float32, device=device)  # (slots, T)
-        self.scratch = length - 1
-
-    def _tensors(self) -> list[torch.Tensor]:
-        return [self.tok, self.pos, self.n_gen, self.limit, self.stream, self.done, self.out_tok, self.out_lp]
-
-    def snapshot(self) -> Callable[[], None]:
-        """Save every tensor; the returned function puts the saved values back (in place)."""
-        saved = [t.clone() for t in self._tensors()]
-
-        def restore() -> None:
-            for t, s in zip(self._tensors(), saved, strict=True):
-                t.copy_(s)
-
-        return restore
-
-    def move(self, src: int, dst: int) -> None:
-        """Slot ``src``'s state into slot ``dst``."""
-        for t in self._tensors():
-            t[dst] = t[src]
-
-    def free(self, slot: int) -> None:
-        """Make ``slot`` idle: done, writing the scratch column."""
-        self.done[slot], self.pos[slot], self.tok[slot], self.n_gen[slot] = True, self.scratch, 0, 0
 
 
 class StaticEngine(InProcessEngine):
@@ -190,7 +125,7 @@ class StaticEngine(InProcessEngine):
         replay differed from its eager step), ``compile`` (the compiled forward raised)."""
         self._eos_ids = torch.tensor(self.eos_token_ids, device=self.device)
         self._cache: SlotCache | None = None
-        self._state: _DecodeState | None = None
+        self._state: DecodeState | None = None
         self._rows = torch.arange(0, device=self.device)
 
     @property
@@ -224,7 +159,7 @@ class StaticEngine(InProcessEngine):
         streams = [stream_key(seed, i) for i in range(len(prompts))]
         while True:  # each fallback turns graphs or compile off for good: at most two redos
             try:
-                return self._run(_Call(prompts, limits, params, streams))
+                return self._run(CallState(prompts, limits, params, streams))
             except (GraphFallback, CompileError) as e:
                 if not self._fall_back(e):
                     raise
@@ -248,7 +183,7 @@ class StaticEngine(InProcessEngine):
         self.prefix.clear()  # states written by what failed are not trusted
         return True
 
-    def _run(self, call: _Call) -> list[Generated]:
+    def _run(self, call: CallState) -> list[Generated]:
         """Decode every sequence of ``call``, refilling slots as sequences finish."""
         n = len(call.prompts)
         cap = batch_bucket(n, self.cfg.max_batch_size) if self.use_graphs else min(n, self.cfg.max_batch_size)
@@ -277,13 +212,13 @@ class StaticEngine(InProcessEngine):
         self._drop_cache()  # free the old buffers and the graphs reading them first
         slots, length = max(slots, have[0]), max(length, have[1])
         self._cache = SlotCache(self.model.config, slots, length, self.model.dtype, self.device)
-        self._state = _DecodeState(slots, length, self.device)
+        self._state = DecodeState(slots, length, self.device)
         self._rows = torch.arange(slots, device=self.device)
         logger.debug("StaticEngine cache on %s: %d slots x %d columns", self.device, slots, length)
 
     # --- prefill ---------------------------------------------------------------------------------------------
 
-    def _admit(self, call: _Call, queue: list[int], owner: list[int | None], live: int, cap: int) -> int:
+    def _admit(self, call: CallState, queue: list[int], owner: list[int | None], live: int, cap: int) -> int:
         """Prefill waiting sequences into the free slots ``live..cap-1`` and sample their first tokens; returns the
         new number of running slots."""
         k = min(cap - live, len(queue))
@@ -305,7 +240,7 @@ class StaticEngine(InProcessEngine):
         self._sample_advance(logits, rows, call.params)
         return live + k
 
-    def _prefill(self, call: _Call, admitted: list[tuple[int, int]]) -> torch.Tensor:
+    def _prefill(self, call: CallState, admitted: list[tuple[int, int]]) -> torch.Tensor:
         """Encode the admitted sequences' prompts into their slots; return each one's last logits (k, V).
 
         A prompt repeated within ``admitted`` is encoded once and its states copied; reused states (the prefix store,
@@ -411,7 +346,7 @@ class StaticEngine(InProcessEngine):
 
     # --- decode ----------------------------------------------------------------------------------------------
 
-    def _decode_block(self, call: _Call, owner: list[int | None], live: int) -> None:
+    def _decode_block(self, call: CallState, owner: list[int | None], live: int) -> None:
         """Up to ``readback_steps`` decode steps of the running slots, nothing read back."""
         if live == 0:
             return
@@ -431,7 +366,7 @@ class StaticEngine(InProcessEngine):
         for _ in range(steps):
             self._step(call, owner, rows, width)
 
-    def _step(self, call: _Call, owner: list[int | None], rows: int, width: int) -> None:
+    def _step(self, call: CallState, owner: list[int | None], rows: int, width: int) -> None:
         """One token for slots ``0..rows-1`` (idle and finished ones compute and write nothing that is read)."""
         st, cache, params = self._state, self._cache, call.params
         assert st is not None and cache is not None
@@ -459,27 +394,13 @@ class StaticEngine(InProcessEngine):
             step()
 
     def _sample_advance(self, logits: torch.Tensor, rows: torch.Tensor, params: SamplingParams) -> None:
-        """Sample one token for each slot in ``rows`` (R,) from its logits (R, V), record it, and mark EOS and length
-        stops, all on the device (no host sync: this runs inside a captured step)."""
-        st = self._state
-        assert st is not None
-        n = st.n_gen[rows]  # (R,)
-        live = ~st.done[rows]  # (R,)
-        uniforms = None if params.greedy else counter_uniforms(st.stream[rows], n)
-        tok, lp = sample_tokens(logits, params, None, uniforms)  # (R,), (R,)
-        col = n.clamp(max=st.out_tok.shape[1] - 1)
-        st.out_tok[rows, col] = torch.where(live, tok, st.out_tok[rows, col])
-        st.out_lp[rows, col] = torch.where(live, lp, st.out_lp[rows, col])
-        n = n + live.long()
-        finished = live & (torch.isin(tok, self._eos_ids) | (n >= st.limit[rows]))
-        st.n_gen[rows] = n
-        st.done[rows] = st.done[rows] | finished
-        st.pos[rows] = torch.where(live, st.pos[rows] + 1, st.pos[rows])  # the new token goes to the next column
-        st.tok[rows] = torch.where(live, tok, st.tok[rows])
+        """Sample and record one token for each slot in ``rows`` (R,) from its logits (R, V), on the device."""
+        assert self._state is not None
+        self._state.advance(logits, rows, params, self._eos_ids)
 
     # --- readback --------------------------------------------------------------------------------------------
 
-    def _collect(self, call: _Call, owner: list[int | None], live: int) -> int:
+    def _collect(self, call: CallState, owner: list[int | None], live: int) -> int:
         """Read the running slots' new tokens, finish the sequences that ended (EOS, length, or a stop string
         found now), keep their states for the next call, and compact the running slots; returns how many run."""
         st, cache = self._state, self._cache
@@ -489,17 +410,11 @@ class StaticEngine(InProcessEngine):
         ids = [owner[s] for s in range(live)]
         assert all(i is not None for i in ids)
         seqs = [i for i in ids if i is not None]
-        n_gen = st.n_gen[:live].tolist()
-        have = [len(call.tokens[i]) for i in seqs]
-        lo, hi = min(have), max(n_gen)
-        toks = st.out_tok[:live, lo:hi].tolist()
-        lps = st.out_lp[:live, lo:hi].tolist() if call.params.logprobs else None
+        have = call.take(st, seqs)
+        screen = self.stop_tails(call.params.stop)
         finished = []
         for s, i in enumerate(seqs):
-            call.tokens[i] += toks[s][have[s] - lo : n_gen[s] - lo]
-            if lps is not None:
-                call.logps[i] += lps[s][have[s] - lo : n_gen[s] - lo]
-            if self._finish(call, i, have[s]):
+            if call.finish(i, have[s], screen, self.eos_token_ids):
                 finished.append(s)
                 if self.cfg.prefix_cache:
                     fed = call.prompts[i] + call.tokens[i][:-1]
@@ -517,20 +432,3 @@ class StaticEngine(InProcessEngine):
             owner[s] = None
             st.free(s)
         return len(keep)
-
-    def _finish(self, call: _Call, i: int, start: int) -> bool:
-        """Whether sequence ``i`` ended at one of its tokens from ``start`` on; if so cut what follows and record
-        its result."""
-        tokens, params = call.tokens[i], call.params
-        screen = self.stop_tails(params.stop)
-        for j in range(start, len(tokens)):
-            tail = screen.tails([tokens[max(0, j + 1 - screen.window) : j + 1]])[0]
-            reason, stop_str = finish_reason(tokens[j], tail, params.stop, j + 1, call.limits[i], self.eos_token_ids)
-            if reason is None:
-                continue
-            del tokens[j + 1 :]
-            del call.logps[i][j + 1 :]
-            lp = tuple(call.logps[i]) if params.logprobs else None
-            call.results[i] = Generated(tuple(tokens), reason, stop_str, lp)
-            return True
-        return False

@@ -16,7 +16,7 @@ from search_rl.config import HFEngineConfig, RetrieverClientConfig, RolloutConfi
     ("kwargs", "match"),
     [
         ({"max_turn_tokens": 0}, "rollout.max_turn_tokens must be >= 1"),
-        ({"max_turns": -1}, "rollout.max_turns must be >= 0"),
+        ({"search_turns": -1}, "rollout.search_turns must be >= 0"),
         ({"max_turn_tokens": 600, "max_response_tokens": 500}, "max_turn_tokens=600 exceeds"),
         ({"max_obs_tokens": 8}, "max_obs_tokens=8 is too small"),
         ({"prompt_truncation": "right"}, "prompt_truncation must be 'error' or 'left'"),
@@ -58,5 +58,5 @@ def test_configs_are_omegaconf_structured():
 
     for cls in (RolloutConfig, RetrieverClientConfig, HFEngineConfig):
         assert isinstance(OmegaConf.to_object(OmegaConf.structured(cls)), cls)
-    merged = OmegaConf.merge(OmegaConf.structured(RolloutConfig), {"max_turns": 2, "on_retriever_error": "observe"})
-    assert OmegaConf.to_object(merged).max_turns == 2
+    merged = OmegaConf.merge(OmegaConf.structured(RolloutConfig), {"search_turns": 2, "on_retriever_error": "observe"})
+    assert OmegaConf.to_object(merged).search_turns == 2

@@ -68,6 +68,13 @@ def test_gpu_only_vllm_settings_are_refused_on_cpu_at_config_time(config_name, o
         load_config([f"{ROLLOUT}.engine=vllm", f"{ROLLOUT}.{override}"], config_name=config_name)
 
 
+@pytest.mark.parametrize(("name", "why"), [("cuda_graphs", "CUDA graphs need a GPU"), ("compile", "no faster")])
+def test_gpu_only_static_settings_are_refused_on_cpu_at_config_time(name, why):
+    match = rf"static\.{name}=true, .*on CPU \(.*{why}.*set {ROLLOUT}\.static\.{name}=false \(or null"
+    with pytest.raises(ConfigError, match=match):
+        load_config([f"{ROLLOUT}.engine=static", f"{ROLLOUT}.static.{name}=true"], config_name="eval")
+
+
 def test_where_the_cluster_decides_the_device_gpu_settings_pass(caplog):
     # trainer.device=auto on a remote Ray cluster: its GPUs are not visible from here, the engine checks them
     cfg = load_config(

@@ -54,10 +54,10 @@ def test_defaults_are_ppo_with_critic_and_grpo_switches():
     assert isinstance(cfg, PPOConfig)
     assert (cfg.algorithm.adv_estimator, cfg.use_critic, cfg.n_samples, cfg.use_reference) == ("gae", True, 1, True)
     assert cfg.model.path == "smollm2-135m-instruct" and cfg.retriever.urls == ["http://127.0.0.1:8000"]
-    assert cfg.actor_rollout_ref.rollout.max_turns == 4 and cfg.trainer.default_local_dir == "runs/default"
+    assert cfg.actor_rollout_ref.rollout.search_turns == 4 and cfg.trainer.default_local_dir == "runs/default"
     grpo = load_config(["algorithm=grpo", "max_turns=2", "do_search=false"])
     assert (grpo.algorithm.adv_estimator, grpo.use_critic, grpo.n_samples) == ("grpo", False, 4)
-    assert (grpo.actor_rollout_ref.rollout.max_turns, grpo.actor_rollout_ref.rollout.do_search) == (2, False)
+    assert (grpo.max_turns, grpo.do_search, grpo.actor_rollout_ref.rollout.search_turns) == (2, False, 0)
     switched = load_config(["algorithm.adv_estimator=grpo"])  # the Search-R1 way of switching works too
     assert (switched.use_critic, switched.n_samples) == (False, 4)
     assert load_config(["trainer=gpu"]).trainer.device == "cuda"

@@ -14,7 +14,7 @@ import time
 
 import pytest
 import torch
-from numerics import assert_reordered_close
+from numerics import assert_reordered_close, logprob_scale, predicting_inputs
 
 from search_rl.config import HFEngineConfig, RolloutConfig
 from search_rl.datatypes import Generated, Passage, SamplingParams
@@ -65,9 +65,13 @@ def test_greedy_session_with_late_joiners_equals_generate(tiny_engine, tokenizer
         alone = HFEngine(tiny_engine.model, tokenizer).generate([prompts[key]], params, [limit])[0]
         assert out[key].token_ids == alone.token_ids
         assert out[key].finish_reason == alone.finish_reason == "length"
-        # merged caches and trimmed columns attend over the sequence in another order (tests/numerics.py)
+        # merged caches and trimmed columns attend over the sequence in another order, at the scale of the logits
+        # behind the log-probs (tests/numerics.py)
         n_terms = len(prompts[key]) + limit
-        assert_reordered_close(torch.tensor(out[key].logprobs), torch.tensor(alone.logprobs), n_terms)
+        scale = logprob_scale(
+            *predicting_inputs(tiny_engine.model, prompts[key] + list(alone.token_ids), len(prompts[key]))
+        )
+        assert_reordered_close(torch.tensor(out[key].logprobs), torch.tensor(alone.logprobs), n_terms, scale=scale)
 
 
 def test_seeded_samples_do_not_depend_on_batch_mates(tiny_model, tokenizer):
@@ -170,7 +174,7 @@ def _counting(session, steps: list[int]):
 
 def test_continuous_schedule_decodes_while_searching_and_matches_turns(make_scripted_hf, tokenizer, make_prompt):
     prompts, scripts = _scripts(make_prompt)
-    cfg = dict(max_turns=2, max_turn_tokens=128, max_obs_tokens=64, max_response_tokens=512)
+    cfg = dict(search_turns=2, max_turn_tokens=128, max_obs_tokens=64, max_response_tokens=512)
     results = {}
     for schedule in ("turns", "continuous"):
         steps: list[int] = []
@@ -201,7 +205,7 @@ def test_continuous_schedule_raises_the_retrievers_error(make_scripted_hf, token
 
     prompts, scripts = _scripts(make_prompt)
     engine = make_scripted_hf(scripts)
-    cfg = RolloutConfig(max_turns=2, max_turn_tokens=128, max_obs_tokens=64, max_response_tokens=512)
+    cfg = RolloutConfig(search_turns=2, max_turn_tokens=128, max_obs_tokens=64, max_response_tokens=512)
     with pytest.raises(RetrieverError, match="down"):
         LLMGenerationManager(engine, tokenizer, Failing(), cfg).generate(prompts)
 

@@ -41,7 +41,7 @@ SEARCH_TWICE_THEN_ANSWER = [
 
 
 def _manager(engine, tokenizer, retriever, **overrides) -> LLMGenerationManager:
-    cfg = RolloutConfig(**({"max_turns": 3, "max_turn_tokens": 64, "max_obs_tokens": 200} | overrides))
+    cfg = RolloutConfig(**({"search_turns": 3, "max_turn_tokens": 64, "max_obs_tokens": 200} | overrides))
     return LLMGenerationManager(engine, tokenizer, retriever, cfg)
 
 
@@ -108,7 +108,7 @@ def test_nothing_after_the_stop_string_reaches_the_trajectory(tokenizer, retriev
 def test_final_turn_has_search_off(tokenizer, retriever, make_scripted_engine, make_prompt):
     p = make_prompt("q")
     engine = make_scripted_engine({tuple(p): ["<search> Deadpool 2 </search>"] * 5})
-    traj = _manager(engine, tokenizer, retriever, max_turns=2).generate([p]).trajectories[0]
+    traj = _manager(engine, tokenizer, retriever, search_turns=2).generate([p]).trajectories[0]
     kinds = [s.kind for s in traj.segments]
     assert kinds == ["model", "observation", "model", "observation", "model"]
     assert (traj.num_searches, traj.stats.turns, traj.stats.invalid_actions) == (2, 3, 1)
@@ -158,7 +158,7 @@ def test_prompt_budget(tokenizer, retriever, make_scripted_engine):
 def test_greedy_and_no_search(tokenizer, retriever, make_scripted_engine, make_prompt):
     p = make_prompt("q")
     engine = make_scripted_engine({tuple(p): ["<search> Deadpool </search>", "<answer> a </answer>"]})
-    traj = _manager(engine, tokenizer, retriever, do_search=False).generate([p], greedy=True).trajectories[0]
+    traj = _manager(engine, tokenizer, retriever, search_turns=0).generate([p], greedy=True).trajectories[0]
     assert len(engine.calls) == 1 and engine.calls[0][1].greedy
     assert traj.stop_reason == "max_turns" and traj.num_searches == 0
 

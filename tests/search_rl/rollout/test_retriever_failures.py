@@ -46,7 +46,7 @@ def _run(server, tokenizer, make_scripted_engine, make_prompt, after_call, on_er
     prompts = [make_prompt("first"), make_prompt("second")]
     engine = make_scripted_engine({tuple(p): SCRIPT for p in prompts}, after_call=after_call)
     client_cfg = RetrieverClientConfig(url=server.url, **({"max_retries": 1, "backoff_s": 0.1} | client_kw))
-    cfg = RolloutConfig(max_turns=3, max_turn_tokens=32, max_obs_tokens=120, on_retriever_error=on_error)
+    cfg = RolloutConfig(search_turns=3, max_turn_tokens=32, max_obs_tokens=120, on_retriever_error=on_error)
     client = RetrieverClient(client_cfg)
     return LLMGenerationManager(engine, tokenizer, client, cfg).generate(prompts), client
 
@@ -105,7 +105,7 @@ def test_restarted_server_is_reached_by_retries(server, tokenizer, make_scripted
         RetrieverClientConfig(url=server.url, max_retries=retries, backoff_s=0.1, backoff_max_s=backoff_max_s)
     )
     clients.append(client)
-    cfg = RolloutConfig(max_turns=3, max_turn_tokens=32, max_obs_tokens=120, on_retriever_error="raise")
+    cfg = RolloutConfig(search_turns=3, max_turn_tokens=32, max_obs_tokens=120, on_retriever_error="raise")
     result = LLMGenerationManager(engine, tokenizer, client, cfg).generate(prompts)
     # the client may reach the server before start() has polled /health and returned: wait for the restart thread
     restarted.wait(timeout=READY_TIMEOUT_S)

@@ -39,7 +39,9 @@ def test_smollm2_rollout_is_token_exact(tokenizer, retriever_url, recording):
     rows = _rows(4)
     prompts = [encode_prompt(tokenizer, list(p)) for p in rows.prompt]
     engine = recording(HFEngine(load_model(), tokenizer))
-    cfg = RolloutConfig(max_turns=2, max_turn_tokens=48, max_obs_tokens=160, max_response_tokens=320, temperature=1.0)
+    cfg = RolloutConfig(
+        search_turns=2, max_turn_tokens=48, max_obs_tokens=160, max_response_tokens=320, temperature=1.0
+    )
     client = RetrieverClient(RetrieverClientConfig(url=retriever_url, topk=2))
     result = LLMGenerationManager(engine, tokenizer, client, cfg).generate(prompts, seed=1)
 
@@ -57,7 +59,7 @@ def test_smollm2_rollout_is_token_exact(tokenizer, retriever_url, recording):
             assert set(traj.response_mask[seg.start : seg.end].tolist()) == {int(seg.kind == "model")}
         assert len(traj.response_ids) <= cfg.max_response_tokens
         assert traj.stop_reason in ("answer", "max_turns", "max_response_tokens")
-        assert traj.stats.turns <= cfg.max_turns + 1
+        assert traj.stats.turns <= cfg.search_turns + 1
         row = rows.iloc[i]
         reward = compute_reward(traj, GroundTruth(tuple(row.reward_model["ground_truth"]["target"]), row.data_source))
         assert 0.0 <= reward.score <= 1.0

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 
 def _manager(engine, tokenizer, url, **overrides) -> LLMGenerationManager:
-    cfg = RolloutConfig(**({"max_turns": 3, "max_turn_tokens": 64, "max_obs_tokens": 300} | overrides))
+    cfg = RolloutConfig(**({"search_turns": 3, "max_turn_tokens": 64, "max_obs_tokens": 300} | overrides))
     client_cfg = RetrieverClientConfig(url=url, topk=2, retry_window_s=0.0, max_retries=0)
     return LLMGenerationManager(engine, tokenizer, RetrieverClient(client_cfg), cfg)
 

@@ -42,7 +42,7 @@ def test_the_loop_meters_live_and_replayed_searches_and_points_to_entries(make_s
     prompts = [make_prompt("when was Deadpool 2 released?"), make_prompt("who won physics?")]
     live = MeteredMemory()
     cache = RecordingRetriever(RecordingStore(tmp_path / "r.sqlite"), "cache", live.fingerprint(), 2, live)
-    cfg = RolloutConfig(max_turns=3, max_turn_tokens=48, max_obs_tokens=200)
+    cfg = RolloutConfig(search_turns=3, max_turn_tokens=48, max_obs_tokens=200)
 
     def roll_out():  # a fresh scripted engine per run: its scripts are consumed turn by turn
         engine = make_scripted_engine({tuple(p): SCRIPT for p in prompts})
@@ -67,7 +67,8 @@ def test_search_penalty_prices_each_search(make_scripted_engine, make_prompt, to
         RewardConfig(search_penalty=1.5)
     prompts = [make_prompt("q1")]
     engine = make_scripted_engine({tuple(prompts[0]): SCRIPT})
-    manager = LLMGenerationManager(engine, tokenizer, MeteredMemory(), RolloutConfig(max_turns=3, max_turn_tokens=48))
+    cfg = RolloutConfig(search_turns=3, max_turn_tokens=48)
+    manager = LLMGenerationManager(engine, tokenizer, MeteredMemory(), cfg)
     [traj] = manager.generate(prompts).trajectories
     batch = PromptBatch((tuple(prompts[0]),), ("u",), ("nq",), (("x",),), ("q1",), (0,))
     [plain] = score_trajectories([traj], batch, RewardConfig())

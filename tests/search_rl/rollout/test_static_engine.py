@@ -119,7 +119,7 @@ def test_search_rollout_matches_the_hf_engine(tiny_model, tokenizer, make_script
         tuple(p_c): ["<search> Paris </search>", "<answer> France </answer>"],
     }
     retriever = InMemoryRetriever(shipped_passages(), topk=2)
-    cfg = RolloutConfig(max_turns=3, max_turn_tokens=48, max_obs_tokens=120, greedy=True)
+    cfg = RolloutConfig(search_turns=3, max_turn_tokens=48, max_obs_tokens=120, greedy=True)
     results = []
     for make in (
         HFEngine,

@@ -32,7 +32,7 @@ TURNS = [
 
 
 def _rollout_cfg(**overrides) -> RolloutConfig:
-    return RolloutConfig(**({"max_turns": 3, "max_turn_tokens": 64, "max_obs_tokens": 200} | overrides))
+    return RolloutConfig(**({"search_turns": 3, "max_turn_tokens": 64, "max_obs_tokens": 200} | overrides))
 
 
 def test_same_tokens_and_mask_as_the_rollout(tokenizer, retriever_url, make_scripted_engine, make_prompt):
@@ -97,7 +97,7 @@ def test_budgets_raise_skip_with_a_reason(tokenizer, make_prompt):
     answer = SFTTurn("<answer> a </answer>")
     prompt = make_prompt("q")
     cases = [
-        ("too_many_searches", [search, search, answer], _rollout_cfg(max_turns=1)),
+        ("too_many_searches", [search, search, answer], _rollout_cfg(search_turns=1)),
         ("turn_too_long", [SFTTurn("<think>" + "very " * 80 + "</think><answer> a </answer>")], _rollout_cfg()),
         ("prompt_too_long", [answer], _rollout_cfg(max_prompt_tokens=8, max_response_tokens=64)),
         ("response_too_long", [search, answer], _rollout_cfg(max_response_tokens=12, max_turn_tokens=10)),

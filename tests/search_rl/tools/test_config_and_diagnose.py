@@ -21,12 +21,15 @@ def test_print_config_sources():
     assert "= 3" in _line(text, "trainer.total_training_steps")
     assert _line(text, "model.path").endswith("# configs/model/tiny.yaml")
     assert _line(text, "algorithm.adv_estimator").endswith("# configs/algorithm/grpo.yaml")
-    assert _line(text, "actor_rollout_ref.rollout.max_turns").endswith("# configs/rollout/hf.yaml")
+    assert _line(text, "actor_rollout_ref.rollout.engine").endswith("# configs/rollout/auto.yaml")
     assert _line(text, "trainer.default_local_dir").endswith("# configs/trainer/default.yaml")
     assert _line(text, "max_turns").endswith("# default")
     assert _line(text, "algorithm.kl_horizon").endswith("# default")
-    # interpolations are resolved: the rollout's copy of max_turns follows the override
-    assert "= 2" in _line(print_config.render("ppo_trainer", ["max_turns=2"]), "actor_rollout_ref.rollout.max_turns")
+    # a derived key shows the value the config derives, and where from
+    derived = _line(print_config.render("ppo_trainer", ["max_turns=2"]), "actor_rollout_ref.rollout.search_turns")
+    assert "= 2" in derived and derived.endswith("# derived from max_turns and do_search")
+    derived = _line(print_config.render("eval", ["do_search=false"]), "actor_rollout_ref.rollout.search_turns")
+    assert "= 0" in derived
 
 
 def test_print_config_eval_groups_and_errors(capsys):

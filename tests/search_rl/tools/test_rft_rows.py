@@ -39,7 +39,7 @@ from search_rl.tracking.rollout_dump import trajectory_record
 pytestmark = pytest.mark.integration
 
 TRAIN = Path(__file__).resolve().parents[3] / "data" / "datasets" / "nq_hotpotqa_mini" / "train.parquet"
-ROLLOUT = RolloutConfig(max_turns=2, max_turn_tokens=64, max_obs_tokens=512, temperature=1.0)
+ROLLOUT = RolloutConfig(search_turns=2, max_turn_tokens=64, max_obs_tokens=512, temperature=1.0)
 
 
 @pytest.fixture

@@ -47,7 +47,7 @@ def test_unmasked_loss_differs_exactly_at_observation_tokens(
         engine,
         tokenizer,
         RetrieverClient(RetrieverClientConfig(url=retriever_url, topk=2)),
-        RolloutConfig(max_turns=2, max_turn_tokens=48, max_obs_tokens=160),
+        RolloutConfig(search_turns=2, max_turn_tokens=48, max_obs_tokens=160),
     )
     trajectories = manager.generate(prompts_ids, seed=0).trajectories
     assert all(t.num_searches == 1 for t in trajectories)
