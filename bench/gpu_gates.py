@@ -31,9 +31,9 @@ non-zero naming every failed check. The bounds, and why they are what they are:
   of times the step's float32 rounding.
 - **graph_replay**: the static engine with CUDA graphs against the same engine replaying each step eagerly (same
   row and width buckets, so the same kernels): greedy tokens equal row by row, a row's first differing token
-  allowed only at a near tie (the two log-probs within the engine's replay bound, ``step_graphs.mismatch_bound``),
-  log-probs before it within that bound; no eager fallback, at least one capture. On CPU both engines use a stand-in
-  graph that re-runs the step (the plumbing, not CUDA).
+  allowed only at a near tie (the two log-probs within the engine's replay bound, ``graphs.bound``, which is
+  ``step_graphs.replay_bound``), log-probs before it within that bound; no eager fallback, at least one capture.
+  On CPU both engines use a stand-in graph that re-runs the step (the plumbing, not CUDA).
 - **gpu_tests**: ``python -m pytest -m gpu`` over the test files that carry the marker (they import without Ray,
   FAISS or vLLM); on CUDA every one must pass and none may be skipped, on CPU they are skipped (no CUDA).
 """
