@@ -69,7 +69,7 @@ class PPOConfig:
     @property
     def engine_matches_trainer(self) -> bool:
         """The engine's sampling log-probs are the trainer's up to float noise: the HF or static engine in float32
-        (bf16 rounds them apart, ``tests/search_rl/workers/test_compute_dtype.py``; ``auto`` still unresolved, left to
+        (bf16 rounds them apart, ``tests/search_rl/workers/test_bf16_compute.py``; ``auto`` still unresolved, left to
         the workers of a cluster, may be bf16)."""
         return self.actor_rollout_ref.rollout.engine in ("hf", "static") and self.model.dtype == "float32"
 

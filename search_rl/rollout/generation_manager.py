@@ -88,7 +88,7 @@ class LLMGenerationManager:
     """Runs search-augmented rollouts with an engine, a tokenizer and a retriever.
 
     Args:
-        engine: any ``RolloutEngine`` (HF or vLLM).
+        engine: any ``RolloutEngine`` (HF, static or vLLM).
         tokenizer: the policy's tokenizer (decodes turns for parsing, encodes observations).
         retriever: the search backend; may be None only when search is off.
         cfg: turns, budgets, sampling, failure policy. Budgets are checked against the engine's context here.

@@ -12,7 +12,7 @@ loop and calls the typed methods below through ``WorkerGroup.broadcast`` / ``map
 
 The policy is sharded with FSDP2 on every device (``workers.distributed``): fp32 master weights, forward/backward in
 the compute dtype ``model.dtype`` (``auto`` resolved by the config, or here for this worker's device when the config
-could not: ``models.compute_dtype``). The engine (HF or vLLM) holds its own full copy in the compute dtype; a sync
+could not: ``models.compute_dtype``). The engine (HF, static, vLLM) has its own full copy in the compute dtype; a sync
 gathers the full state dict and loads it into the engine (``RolloutEngine.update_weights``), tied tensors once
 under their canonical name (found by identity, ``models.weights``).
 """
