@@ -62,6 +62,10 @@ DEMO_QUERIES = [
     "What science fantasy young adult series, told in first person, has companion books about enslaved worlds?",
 ]
 DATASET_DIR = Path("data/datasets/nq_hotpotqa_mini")
+RL_QUESTIONS = DATASET_DIR / "rl_kept.parquet"
+"""The training questions RL draws from: those the recipe's warm start answered right in 1 to 3 of 4 samples
+(``bench/rl_stages.sh 1``; counts in ``rl_kept.manifest.json``). A question it always or never solves gives GRPO a
+group of equal rewards, which teaches nothing."""
 CORPUS = SHIPPED_CORPUS
 
 
@@ -145,7 +149,8 @@ def sft_overrides(s: DemoSettings, retriever_url: str, fresh: bool = False) -> l
 
 
 def train_overrides(s: DemoSettings, retriever_url: str, start: Path, fresh: bool = False) -> list[str]:
-    """``main_ppo`` overrides of the RL stage: GRPO from the warm start ``start`` (a checkpoint folder) with LoRA
+    """``main_ppo`` overrides of the RL stage: GRPO on ``RL_QUESTIONS`` from the warm start ``start`` (a checkpoint
+    folder) with LoRA
     adapters (rank 16 at lr 1e-4, the learning recipe's: a cheaper update), mini-batches of half the prompts (at least
     one: several optimizer steps per batch), F1 partial credit so groups of wrong answers still differ, no KL term
     (no reference pass)."""
@@ -153,6 +158,7 @@ def train_overrides(s: DemoSettings, retriever_url: str, start: Path, fresh: boo
         "algorithm=grpo",
         f"model.path={start}",
         *_loop(s, "rl", s.steps, fresh),
+        f"data.train_files=[{RL_QUESTIONS}]",
         f"data.train_batch_size={s.prompts}",
         f"actor_rollout_ref.rollout.n={s.group_size}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={max(1, s.prompts // 2)}",
@@ -188,12 +194,22 @@ class ProgressSink:
     SFT_FIELDS = (("nll", "sft/nll"),)
 
     def __init__(
-        self, total_steps: int, first_step: int = 0, desc: str = "train", fields: tuple[tuple[str, str], ...] = ()
+        self,
+        total_steps: int,
+        first_step: int = 0,
+        desc: str = "train",
+        fields: tuple[tuple[str, str], ...] = (),
+        groups: int = 0,
     ) -> None:
         self.fields = fields or self.RL_FIELDS
+        self.groups = groups
+        """GRPO groups per step (prompts); with it, each step prints how many had rewards that differ."""
         self.bar = tqdm(total=total_steps, initial=first_step, desc=desc, unit="step", dynamic_ncols=True)
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
+        if "reward/groups_all_equal" in metrics and self.groups:
+            with_signal = round(self.groups * (1.0 - metrics["reward/groups_all_equal"]))
+            tqdm.write(f"step {step}: {with_signal} of {self.groups} groups with signal (rewards not all equal)")
         shown = {label: f"{metrics.get(key, float('nan')):.3f}" for label, key in self.fields}
         self.bar.set_postfix(**shown, step_s=f"{metrics.get('timing/step_s', float('nan')):.0f}")
         self.bar.update(step - self.bar.n)
@@ -371,16 +387,17 @@ def train_stage(s: DemoSettings, stage: str, overrides: list[str], steps: int, f
 
         cfg: Any = entry.load_sft_config(overrides)
         fields: tuple[tuple[str, str], ...] = ProgressSink.SFT_FIELDS
+        groups = 0
     else:
         from search_rl import main_ppo as entry  # type: ignore[no-redef]
         from search_rl.configure import load_config
 
         cfg = load_config(overrides)
-        fields = ProgressSink.RL_FIELDS
+        fields, groups = ProgressSink.RL_FIELDS, cfg.data.train_batch_size
     logger.info("%s: python -m %s %s", stage, entry.__name__, " ".join(overrides))
     config_dict: dict[str, Any] = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)  # type: ignore[assignment]
     prepared = entry.prepare(cfg, config_dict)
-    prepared.tracker.sinks.append(ProgressSink(steps, done, desc=stage, fields=fields))
+    prepared.tracker.sinks.append(ProgressSink(steps, done, desc=stage, fields=fields, groups=groups))
     entry.train(cfg, prepared)
     latest = CheckpointManager(run_dir, 1).resolve("auto")
     if latest is None:

@@ -17,6 +17,7 @@ import sys
 import time
 
 import httpx
+import pandas as pd
 import pytest
 
 from retriever_server.launcher import free_port
@@ -48,6 +49,7 @@ def test_stages_share_the_search_loop_and_budgets(tmp_path):
     assert rl.model.path == str(start) and rl.algorithm.adv_estimator == "grpo"
     assert (rl.model.lora_rank, rl.actor_rollout_ref.actor.optim.lr) == (16, 1e-4) and sft.model.lora_rank == 0
     assert rl.actor_rollout_ref.rollout.n == 4 and rl.data.train_batch_size == 4
+    assert rl.data.train_files == [str(demo.RL_QUESTIONS)] and sft.data.train_files != rl.data.train_files
     assert sft.trainer.default_local_dir == str(tmp_path / "sft")
     assert rl.trainer.default_local_dir == str(tmp_path / "rl")
     assert evals[1].model.path == str(start / "actor") and evals[0].model.path == sft.model.path
@@ -56,6 +58,34 @@ def test_stages_share_the_search_loop_and_budgets(tmp_path):
     trained = (load_sft_config(demo.sft_overrides(seeded, url)), load_config(demo.train_overrides(seeded, url, start)))
     assert [c.trainer.seed for c in trained] == [3, 3] and sft.trainer.seed == rl.trainer.seed == 0
     assert load_eval_config(demo.eval_overrides(seeded, url, "rl", start)).data.seed == evals[1].data.seed
+
+
+def test_rl_questions_are_training_questions_with_their_manifest():
+    """The shipped RL list is a subset of the training split (never test or validation questions), in its schema,
+    and its manifest counts every training question under one reason."""
+    kept = pd.read_parquet(demo.RL_QUESTIONS)
+    train = pd.read_parquet(demo.DATASET_DIR / "train.parquet")
+    assert list(kept.columns) == list(train.columns) and 0 < len(kept) < len(train)
+
+    def ids(frame: pd.DataFrame) -> set[str]:
+        return {info["id"] for info in frame["extra_info"]}
+
+    assert ids(kept) <= ids(train)
+    for split in ("test", "val"):
+        assert not ids(kept) & ids(pd.read_parquet(demo.DATASET_DIR / f"{split}.parquet"))
+    manifest = json.loads(demo.RL_QUESTIONS.with_name("rl_kept.manifest.json").read_text())
+    reasons = manifest["questions_by_reason"]
+    assert reasons["kept"] == len(kept) and sum(reasons.values()) == len(train)
+
+
+def test_rl_progress_prints_the_groups_with_signal(capsys):
+    sink = demo.ProgressSink(3, desc="rl", groups=4)
+    sink.log({"reward/groups_all_equal": 0.25, "reward/score_mean": 0.5}, step=1)
+    sink.log({"reward/groups_all_equal": 1.0}, step=2)
+    sink.close()
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "step 1: 3 of 4 groups with signal" in text and "step 2: 0 of 4 groups with signal" in text
 
 
 def test_a_run_folder_is_reused_only_with_its_own_budgets(tmp_path):
