@@ -25,7 +25,7 @@ import torch
 import transformers
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from search_rl.rollout.engines.packed_decode import TRANSFORMERS_PACKS_GQA, packed_sdpa_attention
+from search_rl.rollout.engines.hf.packed_decode import TRANSFORMERS_PACKS_GQA, packed_sdpa_attention
 
 sys.path.insert(0, str(Path(__file__).parent))
 from gpu_check import ARCHS  # noqa: E402

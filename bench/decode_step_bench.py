@@ -22,7 +22,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from search_rl.models import load_model
-from search_rl.models.cache_arg import CACHE_KWARG
+from search_rl.models.loading import CACHE_KWARG
 
 
 class ReservedLayer(DynamicLayer):

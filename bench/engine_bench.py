@@ -22,37 +22,46 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from search_rl.config import HFEngineConfig, RetrieverClientConfig, RolloutConfig, VLLMEngineConfig
+from search_rl.config import EngineRolloutConfig, RetrieverClientConfig, RolloutConfig, VLLMEngineConfig
 from search_rl.logging_setup import configure_logging
 from search_rl.models import SMOLLM2, dtype_of, load_model, load_tokenizer, model_dir
 from search_rl.models.weights import save_hf_folder, tensor_aliases
+from search_rl.prompt_data import encode_prompt
+from search_rl.rollout.assembly import Rollout, build_rollout
 from search_rl.rollout.backends import RetrieverClient
-from search_rl.rollout.engines.base import RolloutEngine
-from search_rl.rollout.engines.hf import HFEngine
-from search_rl.rollout.generation_manager import LLMGenerationManager
-from search_rl.rollout.prompts import encode_prompt
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "datasets" / "nq_hotpotqa_mini" / "test.parquet"
 
 
-def build(engine: str, dtype: str, tokenizer, args: argparse.Namespace, scratch: Path) -> RolloutEngine:
-    """The engine named ``engine`` over SmolLM2 in ``dtype`` (vLLM loads a folder saved in that dtype)."""
-    if engine == "hf":
-        return HFEngine(load_model(args.model, dtype=dtype_of(dtype)), tokenizer, HFEngineConfig())
-    from search_rl.rollout.engines.vllm import VLLMEngine
+def build(  # type: ignore[no-untyped-def]
+    engine: str, dtype: str, tokenizer, cfg: RolloutConfig, client, args: argparse.Namespace, scratch: Path
+) -> Rollout:
+    """The engine named ``engine`` over SmolLM2 in ``dtype`` (vLLM loads a folder saved in that dtype) and the search
+    loop over it."""
 
-    folder = model_dir(args.model)
-    if dtype != "float32":
+    def export(_: str) -> Path:
+        if dtype == "float32":
+            return model_dir(args.model)
         model = load_model(args.model)
-        folder = save_hf_folder(
-            scratch / dtype,
-            model.state_dict(),
-            model.config,
-            aliases=tensor_aliases(model),
-            tokenizer=tokenizer,
-            dtype=dtype_of(dtype),
-        )
-    return VLLMEngine(str(folder), settings=VLLMEngineConfig(kv_cache_gib=args.kv_cache_gib), seed=args.seed)
+        state, aliases = model.state_dict(), tensor_aliases(model)
+        folder = scratch / dtype
+        return save_hf_folder(folder, state, model.config, aliases=aliases, tokenizer=tokenizer, dtype=dtype_of(dtype))
+
+    # gpu_memory_utilization: the share VLLMEngine takes when not told (this bench's vLLM runs on CPU)
+    settings = EngineRolloutConfig(
+        engine=engine, vllm=VLLMEngineConfig(kv_cache_gib=args.kv_cache_gib), gpu_memory_utilization=0.5
+    )
+    return build_rollout(
+        settings,
+        cfg,
+        tokenizer,
+        model=load_model(args.model, dtype=dtype_of(dtype)) if engine == "hf" else None,
+        dtype=dtype_of(dtype),
+        device=torch.device("cpu"),
+        export=export,
+        seed=args.seed,
+        retriever=client,
+    )
 
 
 def main() -> None:
@@ -85,9 +94,9 @@ def main() -> None:
     )
     for name in args.engines.split(","):
         start = time.perf_counter()
-        engine = build(name, args.dtype, tokenizer, args, args.scratch)
+        rollout = build(name, args.dtype, tokenizer, cfg, client, args, args.scratch)
         start_s = time.perf_counter() - start
-        manager = LLMGenerationManager(engine, tokenizer, client, cfg)
+        engine, manager = rollout.engine, rollout.manager
         t0 = time.perf_counter()
         with torch.inference_mode():
             result = manager.generate(prompts, seed=args.seed, greedy=False)
@@ -100,7 +109,7 @@ def main() -> None:
             f"answer_rate={m['rollout/answer_rate']:.2f}",
             flush=True,
         )
-        del engine, manager
+        del rollout, engine, manager
 
 
 if __name__ == "__main__":

@@ -27,55 +27,37 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from search_rl.config import HFEngineConfig, RetrieverClientConfig, RolloutConfig, StaticEngineConfig
+from search_rl.config import (
+    EngineRolloutConfig,
+    HFEngineConfig,
+    RetrieverClientConfig,
+    RolloutConfig,
+    StaticEngineConfig,
+)
 from search_rl.datatypes import Generated, GroundTruth, RolloutResult, SamplingParams
 from search_rl.logging_setup import configure_logging
 from search_rl.models import SMOLLM2, load_model, load_tokenizer
+from search_rl.prompt_data import encode_prompt
 from search_rl.reward import compute_reward
+from search_rl.rollout.assembly import build_rollout
 from search_rl.rollout.backends import RetrieverClient
-from search_rl.rollout.engines.factory import build_static_engine
-from search_rl.rollout.engines.hf import HFEngine
-from search_rl.rollout.generation_manager import LLMGenerationManager
-from search_rl.rollout.prompts import encode_prompt
 from search_rl.tags import STOP_STRINGS
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "datasets" / "nq_hotpotqa_mini" / "test.parquet"
 
 
-class CountingEngine(HFEngine):
-    """HF engine that keeps every result (of ``generate`` calls and of sessions), to count tokens after stops
-    independently of the manager."""
-
-    results: list[Generated]
-
-    def generate(self, prompts, params, max_new_tokens=None):  # type: ignore[no-untyped-def]
-        out = super().generate(prompts, params, max_new_tokens)
-        self.results.extend(out)
-        return out
-
-    def open_session(self, params):  # type: ignore[no-untyped-def]
-        session = super().open_session(params)
-        step = session.step
-
-        def counted_step():  # type: ignore[no-untyped-def]
-            done = step()
-            self.results.extend(g for _, g in done)
-            return done
-
-        session.step = counted_step  # type: ignore[method-assign]
-        return session
-
-
-def build_engine(name: str, model, tokenizer, prefix_cache: bool):  # type: ignore[no-untyped-def]
-    """The engine ``--engine`` names, keeping every result in ``engine.results``: the HF engine as
-    ``CountingEngine``, the static one with CUDA graphs and compile asked for on CUDA only (left null they stay off
-    until the engine passes the GPU round)."""
-    hf = HFEngineConfig(prefix_cache=prefix_cache)
-    if name == "hf":
-        return CountingEngine(model, tokenizer, hf)
+def engine_settings(name: str, model, prefix_cache: bool) -> EngineRolloutConfig:  # type: ignore[no-untyped-def]
+    """The engine ``--engine`` names: the HF engine, or the static one with CUDA graphs and compile asked for on CUDA
+    only (left null they stay off until the engine passes the GPU round)."""
     on_cuda = model.device.type == "cuda"
     static = StaticEngineConfig(cuda_graphs=on_cuda, compile=on_cuda)
-    engine = build_static_engine(hf, static, model, tokenizer)
+    return EngineRolloutConfig(engine=name, hf=HFEngineConfig(prefix_cache=prefix_cache), static=static)
+
+
+def keep_results(engine) -> None:  # type: ignore[no-untyped-def]
+    """Keep every result of ``engine`` (of ``generate`` calls and of the HF engine's sessions) in ``engine.results``,
+    to count tokens after stops independently of the manager."""
+    engine.results = []
     generate = engine.generate
 
     def counted_generate(prompts, params, max_new_tokens=None):  # type: ignore[no-untyped-def]
@@ -83,8 +65,24 @@ def build_engine(name: str, model, tokenizer, prefix_cache: bool):  # type: igno
         engine.results.extend(out)
         return out
 
-    engine.generate = counted_generate  # type: ignore[method-assign]
-    return engine
+    engine.generate = counted_generate
+    if not hasattr(engine, "open_session"):  # the static engine has no sessions
+        return
+    open_session = engine.open_session
+
+    def counted_session(params):  # type: ignore[no-untyped-def]
+        session = open_session(params)
+        step = session.step
+
+        def counted_step():  # type: ignore[no-untyped-def]
+            done = step()
+            engine.results.extend(g for _, g in done)
+            return done
+
+        session.step = counted_step
+        return session
+
+    engine.open_session = counted_session
 
 
 def tokens_after_stop(tokenizer, results: list[Generated], eos: tuple[int, ...]) -> int:
@@ -185,8 +183,6 @@ def main() -> None:
     client.check_reachable()
     if args.engine == "static" and args.schedule != "turns":
         ap.error("--engine static runs rollout.schedule=turns only (the static engine has no sessions)")
-    engine = build_engine(args.engine, model, tokenizer, prefix_cache=not args.no_prefix_cache)
-    engine.results = []
     cfg = RolloutConfig(
         search_turns=args.max_turns,
         max_turn_tokens=args.max_turn_tokens,
@@ -196,7 +192,20 @@ def main() -> None:
         on_retriever_error="raise",
         schedule=args.schedule,
     )
-    manager = LLMGenerationManager(engine, tokenizer, client, cfg)
+    settings = engine_settings(args.engine, model, prefix_cache=not args.no_prefix_cache)
+    rollout = build_rollout(
+        settings,
+        cfg,
+        tokenizer,
+        model=model,
+        dtype=model.dtype,
+        device=model.device,
+        export=None,
+        seed=args.seed,
+        retriever=client,
+    )
+    engine, manager = rollout.engine, rollout.manager
+    keep_results(engine)
     engine.generate(prompts[:2], SamplingParams(max_new_tokens=4, seed=0))  # warm-up, not timed
     engine.results.clear()
 

@@ -2,7 +2,7 @@
 
 If the tokenizer has a chat template, each prompt is rendered with it (``add_generation_prompt=True``), as
 Search-R1 does for instruct models; otherwise the message contents joined by newlines, plus a final newline, are
-encoded without special tokens. Both mirror ``search_rl.rollout.prompts.encode_prompt``, which the rollout uses.
+encoded without special tokens. Both mirror ``search_rl.prompt_data.encode_prompt``, which the rollout uses.
 """
 
 from __future__ import annotations

@@ -3,17 +3,18 @@
 ``read_rows`` reads the rows once and validates each against ``RowSchema`` (``docs/data.md``: ``prompt`` chat
 messages, ``data_source``, ``reward_model.ground_truth.target``, ``extra_info.id``, ``question``): a file with an
 invalid row is refused with the file, row and field named, never half-read. ``PromptDataset`` tokenizes every prompt
-with the policy's chat template. ``PromptLoader`` hands out batches of ``train_batch_size`` prompts, each repeated
-``rollout.n`` times in a row; the samples of a prompt share its globally unique id, which keys its GRPO group. Its
-position is two integers (epoch, batches taken in that epoch) and each epoch's order is a permutation seeded by
-``seed + epoch``, so ``state_dict``/``load_state_dict`` resume exactly where a run stopped.
+with the policy's chat template (``encode_prompt``, which every rollout's prompt goes through). ``PromptLoader``
+hands out batches of ``train_batch_size`` prompts, each repeated ``rollout.n`` times in a row; the samples of a
+prompt share its globally unique id, which keys its GRPO group. Its position is two integers (epoch, batches taken
+in that epoch) and each epoch's order is a permutation seeded by ``seed + epoch``, so
+``state_dict``/``load_state_dict`` resume exactly where a run stopped.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Protocol
@@ -25,7 +26,6 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from transformers import PreTrainedTokenizerBase
 
 from search_rl.batches import PromptBatch
-from search_rl.rollout.prompts import encode_prompt
 from search_rl.seeds import epoch_seed
 
 logger = logging.getLogger(__name__)
@@ -192,6 +192,22 @@ def read_rows(files: Sequence[str]) -> list[PromptRow]:
             raise ValueError(f"rows {seen[row.uid]} and {i} share extra_info.id {row.uid!r}; ids must be unique")
         seen[row.uid] = i
     return rows
+
+
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping[str, str]]) -> list[int]:
+    """Chat messages (the parquet ``prompt`` column) → the token ids a rollout starts from: the tokenizer's chat
+    template with the assistant generation prompt; plain text if it has none.
+
+    The rollout appends the model's tokens right after these ids, so the template must end where the assistant's
+    turn begins (``add_generation_prompt=True``).
+    """
+    msgs = [dict(m) for m in messages]
+    if getattr(tokenizer, "chat_template", None):
+        out: Any = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        ids = out["input_ids"] if hasattr(out, "keys") else out  # transformers v5 returns a BatchEncoding
+        return [int(i) for i in ids]
+    text = "\n".join(m["content"] for m in msgs) + "\n"
+    return [int(i) for i in tokenizer.encode(text, add_special_tokens=False)]
 
 
 class PromptDataset:

@@ -73,8 +73,8 @@ def words(span: str) -> list[str]:
 
 def path_words(span: str, root: Path) -> list[tuple[str, str]]:
     """``(word, path relative to the root)`` for each word of a code span that is a repository path (placeholders
-    turned into ``*``). A ``.py`` path that starts inside a package (``rollout/engines/hf.py``) is looked up in the
-    first package with a folder of that name (``search_rl``'s when none has one: then it does not exist)."""
+    turned into ``*``). A ``.py`` path that starts inside a package (``rollout/engines/hf/engine.py``) is looked up in
+    the first package with a folder of that name (``search_rl``'s when none has one: then it does not exist)."""
     tops = top_level(root)
     paths = []
     for word in words(PLACEHOLDER.sub("*", span)):

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel
 
 from search_rl.batches import PromptBatch
 from search_rl.config import ModelConfig, RetrieverClientConfig, TrainRolloutConfig
@@ -28,10 +27,7 @@ from search_rl.datatypes import RolloutResult
 from search_rl.models import load_model, load_tokenizer
 from search_rl.models.compute_dtype import compute_dtype_on
 from search_rl.models.weights import save_hf_folder, tensor_aliases
-from search_rl.rollout.backends import build_retriever
-from search_rl.rollout.engines.base import RolloutEngine
-from search_rl.rollout.engines.factory import build_engine
-from search_rl.rollout.generation_manager import LLMGenerationManager
+from search_rl.rollout.assembly import build_rollout
 from search_rl.seeds import rank_seed
 from search_rl.workers import distributed as D
 
@@ -62,27 +58,25 @@ class GeneratorWorker:
         self.tokenizer = load_tokenizer(model.path)
         engine_model = load_model(model.path, dtype=torch.float32, seed=model.seed)
         engine_model.requires_grad_(False)
-        dtype = compute_dtype_on(model.dtype, spec.torch_device)  # auto: for this generator's device
-        torch.nn.Module.to(engine_model, dtype=dtype)  # in place, like the actor's engine copy
-        self.engine = self._build_engine(engine_model, rollout)
-        client = build_retriever(retriever) if rollout.search_turns > 0 else None
-        self.manager = LLMGenerationManager(self.engine, self.tokenizer, client, rollout.search_loop_config())
-        self.pulls = 0
 
-    def _build_engine(self, model: PreTrainedModel, cfg: TrainRolloutConfig) -> RolloutEngine:
         def export(directory: str) -> Path:
-            state, aliases = model.state_dict(), tensor_aliases(model)
-            return save_hf_folder(directory, state, model.config, aliases=aliases, tokenizer=self.tokenizer)
+            state, aliases = engine_model.state_dict(), tensor_aliases(engine_model)
+            return save_hf_folder(directory, state, engine_model.config, aliases=aliases, tokenizer=self.tokenizer)
 
-        return build_engine(
-            cfg,
+        built = build_rollout(
+            rollout,
+            rollout.search_loop_config(),
             self.tokenizer,
-            model=model,
+            model=engine_model,
+            dtype=compute_dtype_on(model.dtype, spec.torch_device),  # auto: for this generator's device
+            device=spec.torch_device,
             export=export,
-            device=self.spec.torch_device,
-            seed=self.spec.seed,
+            seed=spec.seed,
+            retriever=retriever,
             name="generator",
         )
+        self.engine, self.manager = built.engine, built.manager
+        self.pulls = 0
 
     def weight_version(self) -> int:
         """The version the engine serves (also a readiness probe: the constructor has finished)."""

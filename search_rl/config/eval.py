@@ -4,15 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from search_rl.config.errors import ConfigError
+from search_rl.config.loading import ConfigError
 from search_rl.config.model import ModelConfig
-from search_rl.config.rollout import (
-    DEFAULT_MAX_TURNS,
-    EngineRolloutConfig,
-    RetrieverClientConfig,
-    derive_search_turns,
-)
+from search_rl.config.rollout import DEFAULT_MAX_TURNS, EngineRolloutConfig, derive_search_turns
 from search_rl.config.run import RewardConfig
+from search_rl.config.search_backends import RetrieverClientConfig
 
 BASELINES = ("search", "no_search", "naive_rag")
 """Valid ``baseline`` values."""

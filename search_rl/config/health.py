@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from search_rl.config.errors import ConfigError
+from search_rl.config.loading import ConfigError
 
 HEALTH_SIGNALS = (
     "entropy_collapse",

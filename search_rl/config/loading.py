@@ -1,7 +1,7 @@
 """Composing configs: the schemas registered in Hydra's ``ConfigStore`` (so an unknown key or a wrong type fails at
 compose time), ``compose_config`` for code that composes without ``@hydra.main`` (``search_rl.configure.load_config``
-adds the registry checks), unknown-key detection, and
-the keys that moved (an old key fails with a message naming its new path)."""
+adds the registry checks), unknown-key detection, the keys that moved (an old key fails with a message naming its new
+path), and ``ConfigError``, the error every configuration check raises."""
 
 from __future__ import annotations
 
@@ -13,7 +13,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from search_rl.config.errors import ConfigError
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; raised before Ray starts, with what is wrong and how to fix it."""
+
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 """The YAML configs (``ppo_trainer.yaml``, ``eval.yaml`` and their groups)."""

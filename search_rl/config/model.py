@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from search_rl.config.errors import ConfigError
+from search_rl.config.loading import ConfigError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 """``model.dtype`` values: ``auto`` is resolved per machine (``search_rl.models.compute_dtype``)."""

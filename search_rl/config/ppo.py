@@ -7,11 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from search_rl.config.algorithm import AlgorithmConfig
-from search_rl.config.errors import ConfigError
+from search_rl.config.loading import ConfigError
 from search_rl.config.model import ModelConfig, check_trainable_dtype
 from search_rl.config.roles import ActorRolloutRefConfig, CriticConfig
-from search_rl.config.rollout import DEFAULT_MAX_TURNS, RetrieverClientConfig, derive_search_turns
+from search_rl.config.rollout import DEFAULT_MAX_TURNS, derive_search_turns
 from search_rl.config.run import DataConfig, RewardConfig, TrainerConfig
+from search_rl.config.search_backends import RetrieverClientConfig
 
 DEFAULT_GROUP_SIZE = 4
 """``rollout.n`` when it is left ``null`` and the estimator compares samples of a prompt."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from search_rl.config.errors import ConfigError
+from search_rl.config.loading import ConfigError
 from search_rl.config.model import OptimConfig
 from search_rl.config.rollout import TrainRolloutConfig
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from search_rl.config.errors import ConfigError
 from search_rl.config.health import HealthConfig, check_stop_on
+from search_rl.config.loading import ConfigError
 
 DEVICES = ("auto", "cpu", "cuda")
 

@@ -1,11 +1,13 @@
-"""Settings of the search backends other than the HTTP retriever (``retriever.web.*``, ``retriever.simulated.*``)
-and of the retrieval recordings (``retriever.recording.*``); ``RetrieverClientConfig.backend`` picks the backend."""
+"""``retriever.*``: how the rollout searches (``RetrieverClientConfig``: the HTTP retriever's client, and
+``backend``, which picks the search backend), the other backends' settings (``retriever.web.*``,
+``retriever.simulated.*``) and the retrieval recordings (``retriever.recording.*``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from search_rl.config.errors import ConfigError
+from retriever_server.settings import DEFAULT_URL
+from search_rl.config.loading import ConfigError
 
 SEARCH_BACKENDS = ("http", "web", "simulated", "replay")
 """Valid ``retriever.backend`` values."""
@@ -136,3 +138,67 @@ def check_backend(backend: str, recording: RecordingConfig) -> None:
             raise ConfigError("retriever.backend=replay needs retriever.recording.path (the recording to answer from)")
         if recording.on_miss == "live":
             raise ConfigError("retriever.backend=replay has no live backend; set retriever.recording.on_miss=error")
+
+
+@dataclass
+class RetrieverClientConfig:
+    """How the rollout searches: the retriever service (``POST {url}/retrieve``) or another backend, and whether
+    each retrieval is recorded or replayed (docs/retriever.md, "Search backends")."""
+
+    backend: str = "http"
+    """Search backend: ``http`` (the retriever service at ``url``), ``web`` (a web search API, ``retriever.web``),
+    ``simulated`` (a language model writes the documents, ``retriever.simulated``) or ``replay`` (answers only from
+    the recording ``retriever.recording.path``)."""
+    url: str = DEFAULT_URL
+    """Base URL(s) of the retriever, comma-separated for several replicas (used round-robin, with failover).
+    A trailing ``/retrieve`` is accepted and stripped. Hydra needs the list quoted, and the shell needs that quote
+    kept: ``"retriever.url='http://a:8000,http://b:8000'"``."""
+    topk: int = 3
+    """Passages returned per query."""
+    timeout_s: float = 30.0
+    """Timeout of one HTTP request (connect, read, write and pool), in seconds."""
+    retry_window_s: float = 60.0
+    """How long a request is retried on connection errors, timeouts and 5xx/429 answers, in seconds from its first
+    attempt; the default outlasts a retriever restart (a dense server loads its index first). 0 = one attempt."""
+    max_retries: int | None = None
+    """Also stop after this many retries (``null`` = only ``retry_window_s`` limits them)."""
+    backoff_s: float = 0.5
+    """Wait before the first retry; doubled each further retry, capped at ``backoff_max_s``."""
+    backoff_max_s: float = 8.0
+    """Longest wait between two retries, in seconds."""
+    max_queries_per_request: int = 64
+    """Queries per HTTP request; larger batches are split into chunks sent concurrently."""
+    max_concurrency: int = 8
+    """Most requests in flight at once from one client."""
+    trust_env: bool = False
+    """Honour HTTP(S)_PROXY/NO_PROXY environment variables (off: the retriever is normally on a private network)."""
+    web: WebSearchConfig = field(default_factory=WebSearchConfig)
+    """Settings of ``backend=web``."""
+    simulated: SimulatedSearchConfig = field(default_factory=SimulatedSearchConfig)
+    """Settings of ``backend=simulated``."""
+    recording: RecordingConfig = field(default_factory=RecordingConfig)
+    """Record every retrieval to a SQLite file, or answer from one (any backend)."""
+
+    def __post_init__(self) -> None:
+        check_backend(self.backend, self.recording)
+        if not self.urls:
+            raise ValueError(f"retriever.url is empty; give at least one base URL such as {DEFAULT_URL}")
+        for name in ("topk", "max_queries_per_request", "max_concurrency"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"retriever.{name} must be >= 1, got {getattr(self, name)}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"retriever.timeout_s must be > 0, got {self.timeout_s}")
+        if (self.max_retries or 0) < 0 or min(self.retry_window_s, self.backoff_s, self.backoff_max_s) < 0:
+            raise ValueError("retriever.retry_window_s, max_retries, backoff_s and backoff_max_s must be >= 0")
+
+    @property
+    def urls(self) -> list[str]:
+        """The base URLs, without trailing ``/`` or ``/retrieve``."""
+        out = []
+        for raw in self.url.split(","):
+            u = raw.strip().rstrip("/")
+            if u.endswith("/retrieve"):
+                u = u[: -len("/retrieve")]
+            if u:
+                out.append(u)
+        return out

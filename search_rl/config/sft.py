@@ -10,16 +10,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from search_rl.config.errors import ConfigError
+from search_rl.config.loading import ConfigError
 from search_rl.config.model import ModelConfig, OptimConfig, check_trainable_dtype
 from search_rl.config.roles import ActorConfig
 from search_rl.config.rollout import (
     DEFAULT_MAX_TURNS,
-    RetrieverClientConfig,
     TrainRolloutConfig,
     derive_search_turns,
 )
 from search_rl.config.run import DataConfig, RewardConfig, TrainerConfig
+from search_rl.config.search_backends import RetrieverClientConfig
 
 SFT_TRAIN_FILE = "data/datasets/nq_hotpotqa_mini/sft_train.parquet"
 """The shipped warm-start trajectories (``python -m data_prep.synth_sft``)."""

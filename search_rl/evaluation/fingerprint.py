@@ -46,7 +46,7 @@ from search_rl.config import EvalConfig
 from search_rl.models.identity import weights_sha256
 from search_rl.prompt_data import resolve_data_path
 from search_rl.rollout.backends.http import identity_facts
-from search_rl.rollout.generation_manager import schedule_that_runs
+from search_rl.rollout.engines.choice import schedule_that_runs
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ def rollout_settings(cfg: EvalConfig, schedule: str | None = None) -> dict[str, 
 
     Args:
         cfg: the evaluation's config.
-        schedule: the schedule that ran (``generation_manager.schedule_that_runs``); None = the configured one.
+        schedule: the schedule that ran (``engines.choice.schedule_that_runs``); None = the configured one.
     """
     r = cfg.rollout
     return {

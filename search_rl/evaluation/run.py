@@ -22,12 +22,12 @@ from search_rl.evaluation.fingerprint import pin
 from search_rl.evaluation.metrics import answer_evidence_metrics
 from search_rl.models import load_model, load_tokenizer
 from search_rl.models.compute_dtype import compute_dtype_on
-from search_rl.prompt_data import PromptDataset, read_rows
+from search_rl.prompt_data import PromptDataset, encode_prompt, read_rows
 from search_rl.reward.scoring import answer_metrics, pass_at_k_metrics, score_trajectories
+from search_rl.rollout.assembly import build_standalone_rollout
 from search_rl.rollout.backends import build_retriever, meter_metrics, meter_of, write_backend_manifest
-from search_rl.rollout.engines.factory import build_standalone_engine, standalone_device
-from search_rl.rollout.generation_manager import LLMGenerationManager, Retriever
-from search_rl.rollout.prompts import encode_prompt
+from search_rl.rollout.engines.choice import standalone_device
+from search_rl.rollout.generation_manager import Retriever
 from search_rl.templates import load_template, render_prompt
 from search_rl.tracking.rollout_dump import write_records
 
@@ -87,10 +87,12 @@ def evaluate(cfg: EvalConfig, retriever: Retriever | None = None) -> EvalResult:
     prompts = questions.repeat_interleave(k)  # a question's samples adjacent: its prompt is encoded once
     dtype = compute_dtype_on(cfg.model.dtype, standalone_device())  # resolved by the config unless built by hand
     model = load_model(cfg.model.path, dtype=dtype, seed=cfg.model.seed)
-    engine = build_standalone_engine(cfg.rollout, tokenizer, cfg.model, policy=model)
     searching = search or cfg.baseline == "naive_rag"
     searcher = retriever or (build_retriever(cfg.retriever) if searching else None)
-    manager = LLMGenerationManager(engine, tokenizer, searcher if search else None, rollout)
+    built = build_standalone_rollout(
+        cfg.rollout, rollout, tokenizer, cfg.model, policy=model, dtype=dtype, retriever=searcher if search else None
+    )
+    engine, manager = built.engine, built.manager
     trajectories: list[Trajectory] = []
     meter = meter_of(searcher)
     before = meter.totals() if meter is not None else (0, 0.0, 0)

@@ -13,13 +13,15 @@ Sources understood by ``load_model`` / ``load_tokenizer``:
   (``huggingface_hub.snapshot_download``: downloaded when online; with ``HF_HUB_OFFLINE=1`` only the cache is read,
   and a model missing there is an error that says so).
 
-Every ``from_pretrained`` then reads the resolved local folder (``local_files_only=True``).
+Every ``from_pretrained`` then reads the resolved local folder (``local_files_only=True``). ``CACHE_KWARG`` is how
+the installed transformers' models take their KV cache.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import inspect
 import logging
 import os
 import re
@@ -29,7 +31,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaModel,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
 from search_rl.models.tiny import build_tiny_model, tiny_llama_config
@@ -44,6 +53,12 @@ _SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 """Dtype names accepted in configs."""
+
+# transformers 5.24 renamed ``past_key_values`` to ``cache`` in every model's ``forward`` and warns on the old name
+# (removed in 5.40); earlier 5.x releases only know ``past_key_values``. Callers pass ``{CACHE_KWARG: cache}``.
+CACHE_KWARG: str = "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
+"""The keyword under which a transformers model's ``forward`` takes its KV cache: ``cache`` on transformers >= 5.24,
+``past_key_values`` before (the rename applies to every model at once)."""
 
 
 def dtype_of(name: str) -> torch.dtype:

@@ -19,9 +19,8 @@ from search_rl.algorithms import loss_mask_for
 from search_rl.batches import BatchMeta, PromptBatch, TrainBatch
 from search_rl.config import AlgorithmConfig, RolloutConfig
 from search_rl.datatypes import Trajectory
-from search_rl.prompt_data import PromptRow, read_rows, resolve_data_path
+from search_rl.prompt_data import PromptRow, encode_prompt, read_rows, resolve_data_path
 from search_rl.rollout.observations import ObservationBuilder
-from search_rl.rollout.prompts import encode_prompt
 from search_rl.sft.trajectories import SkipExample, build_trajectory, parse_turns
 from search_rl.trainer.steps import build_train_batch
 

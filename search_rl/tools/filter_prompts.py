@@ -16,7 +16,6 @@ Only training questions belong here: the filter reads the policy's answers to th
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import Counter
 from pathlib import Path
@@ -26,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from search_rl.sft.rows import read_input
-from search_rl.tools.rft_rows import read_records
+from search_rl.tools.eval_records import read_records, records_parser, write_manifest
 
 REASONS = ("kept", "too_few_right", "too_few_wrong", "not_sampled")
 """Where each question goes. ``too_few_right``: fewer than ``--min-right`` exactly right samples (with the default 1:
@@ -108,28 +107,14 @@ def filter_rows(
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line's parser."""
-    ap = argparse.ArgumentParser(
-        prog="python -m search_rl.tools.filter_prompts",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    ap = records_parser(
+        "search_rl.tools.filter_prompts",
+        __doc__,
+        records_help="main_eval output folder (training questions, n_samples > 1); repeat to pool several",
+        min_rows_help="refuse (exit 1, nothing written) when fewer questions are kept, e.g. data.train_batch_size",
     )
-    ap.add_argument(
-        "--records",
-        required=True,
-        type=Path,
-        action="append",
-        help="main_eval output folder (training questions, n_samples > 1); repeat to pool several",
-    )
-    ap.add_argument("--questions", required=True, type=Path, help="the question parquet that evaluation read")
-    ap.add_argument("--output", required=True, type=Path, help="output parquet; the manifest goes next to it")
     ap.add_argument("--min-right", type=int, default=1, help="keep questions with at least this many right samples")
     ap.add_argument("--min-wrong", type=int, default=1, help="... and at least this many wrong ones (default 1)")
-    ap.add_argument(
-        "--min-rows",
-        type=int,
-        default=1,
-        help="refuse (exit 1, nothing written) when fewer questions are kept, e.g. data.train_batch_size",
-    )
     return ap
 
 
@@ -176,8 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         "questions_by_reason": summary,
         "questions_by_right_samples": dict(sorted(by_right.items(), key=lambda kv: tuple(map(int, kv[0].split("/"))))),
     }
-    manifest_path = args.output.with_name(args.output.stem + ".manifest.json")
-    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    manifest_path = write_manifest(args.output, manifest)
     sys.stdout.write(
         f"read {manifest['records_read']} records of {len(counts)} questions; of {len(rows)} questions: {summary}; "
         f"by right/samples {manifest['questions_by_right_samples']}\nwrote {args.output} and {manifest_path}\n"

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
 from collections import Counter
 from pathlib import Path
@@ -41,8 +40,7 @@ from retriever_server.settings import SHIPPED_CORPUS
 from search_rl.sft.rows import read_input, write_output
 from search_rl.sft.trajectories import answer_shown, parse_turns
 from search_rl.tags import THINK_OPEN
-from search_rl.tools.compare_evals import run_folder
-from search_rl.tracking.jsonl import read_jsonl
+from search_rl.tools.eval_records import read_records, records_parser, write_manifest
 
 SKIP_REASONS = (
     "not_exact",
@@ -184,36 +182,18 @@ def mix_rows(path: Path, count: int, seed: int, columns: list[str], taken: set[s
     return rows
 
 
-def read_records(folder: Path) -> list[dict[str, Any]]:
-    """The records of a ``main_eval`` run folder (or the newest run in ``folder``)."""
-    return read_jsonl(run_folder(folder) / "trajectories.jsonl")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The command line's parser (also used by bench/learning_bench.py's tests to check the arguments it writes)."""
-    ap = argparse.ArgumentParser(
-        prog="python -m search_rl.tools.rft_rows",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    ap = records_parser(
+        "search_rl.tools.rft_rows",
+        __doc__,
+        records_help="main_eval output folder (sampled on train questions); repeat to pool several",
+        min_rows_help="refuse (exit 1, nothing written) when fewer rows qualify, e.g. the fine-tune's batch size "
+        "(default 1)",
     )
-    ap.add_argument(
-        "--records",
-        required=True,
-        type=Path,
-        action="append",
-        help="main_eval output folder (sampled on train questions); repeat to pool several",
-    )
-    ap.add_argument("--questions", required=True, type=Path, help="the question parquet that evaluation read")
     ap.add_argument("--corpus", default=SHIPPED_CORPUS, type=Path, help="the served corpus")
-    ap.add_argument("--output", required=True, type=Path, help="output parquet; the manifest goes next to it")
     ap.add_argument("--max-per-question", type=int, default=4, help="distinct right trajectories kept per question")
     ap.add_argument("--without-think", action="store_true", help="leave out trajectories with a <think> turn")
-    ap.add_argument(
-        "--min-rows",
-        type=int,
-        default=1,
-        help="refuse (exit 1, nothing written) when fewer rows qualify, e.g. the fine-tune's batch size (default 1)",
-    )
     ap.add_argument("--mix", type=Path, help="an SFT parquet to append as many rows from (seeded sample)")
     ap.add_argument("--mix-seed", type=int, default=0, help="seed of the --mix sample (default 0)")
     return ap
@@ -270,8 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.mix is not None:
         manifest.update({"mix": str(args.mix), "mix_seed": args.mix_seed, "mixed_rows": len(mixed)})
-    manifest_path = args.output.with_name(args.output.stem + ".manifest.json")
-    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    manifest_path = write_manifest(args.output, manifest)
     sys.stdout.write(
         f"read {len(records)} records of {manifest['questions_sampled']} questions; kept {len(rows)} rows of "
         f"{covered} questions; skipped {manifest['skipped_by_reason']}; searches {manifest['per_num_searches']}\n"

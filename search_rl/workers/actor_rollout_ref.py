@@ -54,9 +54,9 @@ from search_rl.models.lora import (
     save_adapters,
 )
 from search_rl.models.weights import save_hf_folder, tensor_aliases, without_aliases
-from search_rl.rollout.backends import build_retriever
+from search_rl.rollout.assembly import build_rollout
 from search_rl.rollout.engines.base import RolloutEngine
-from search_rl.rollout.engines.factory import MODEL_ENGINES, build_engine
+from search_rl.rollout.engines.factory import MODEL_ENGINES
 from search_rl.rollout.generation_manager import LLMGenerationManager
 from search_rl.seeds import engine_seed, minibatch_shuffle_seed, rank_seed
 from search_rl.workers import distributed as D
@@ -167,21 +167,19 @@ class ActorRolloutRefWorker:
         if self.reference is not None:
             D.shard(self.reference, self.spec, self.compute_dtype)
         self.trainable = TrainableModel(self.module, self.actor_cfg.optim, self.actor_cfg.grad_clip, self.spec, "actor")
-        self.engine = self._build_engine()
-        searching = self.rollout_cfg.search_turns > 0
-        client = build_retriever(self.retriever_cfg) if searching else None
-        self.manager = LLMGenerationManager(self.engine, self.tokenizer, client, self.rollout_cfg.search_loop_config())
-
-    def _build_engine(self) -> RolloutEngine:
-        return build_engine(
+        rollout = build_rollout(
             self.rollout_cfg,
+            self.rollout_cfg.search_loop_config(),
             self.tokenizer,
             model=self.engine_model,
-            export=self.export_for_engine,
+            dtype=self.compute_dtype,
             device=self.spec.torch_device,
+            export=self.export_for_engine,
             seed=engine_seed(self.spec.seed, self.spec.rank),
+            retriever=self.retriever_cfg,
             name=f"policy-{self.spec.rank}",
         )
+        self.engine, self.manager = rollout.engine, rollout.manager
 
     def export_for_engine(self, directory: str) -> Path:
         """Write the current policy as an HF folder in the compute dtype (for engines that load from disk, vLLM),

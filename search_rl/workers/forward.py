@@ -20,7 +20,7 @@ from transformers import modeling_utils
 
 from search_rl.algorithms import entropy_from_logits
 from search_rl.batches import TrainBatch
-from search_rl.models.cache_arg import CACHE_KWARG
+from search_rl.models.loading import CACHE_KWARG
 from search_rl.workers.chunked_logprobs import lm_head_outputs
 from search_rl.workers.shared_prompts import SharedPrompts
 
@@ -159,9 +159,7 @@ def _chunked_values(
     """``_plain_values`` computed inside the model's output head, ``chunk`` tokens at a time (``lm_head_outputs``)."""
     keep: int | torch.Tensor = t + 1
     if wanted is not None and LOGITS_MASK_SUPPORTED:
-        length = inputs["input_ids"].shape[1]  # type: ignore[attr-defined]
-        keep = torch.zeros((len(wanted), length), dtype=torch.bool, device=wanted.device)  # (B, L)
-        keep[:, length - t - 1 : length - 1] = wanted  # the position before a token predicts it
+        keep = _keep_mask(inputs, wanted, t)  # (B, L)
 
     def rows(hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if isinstance(keep, torch.Tensor):  # the head already received the wanted rows, (N, H)
@@ -188,10 +186,16 @@ def _wanted_logits(model: nn.Module, inputs: dict[str, object], wanted: torch.Te
     """Float logits of the positions predicting the ``wanted`` (B, t) response tokens, (N, V) in row-major order."""
     if not LOGITS_MASK_SUPPORTED:
         return model(**inputs, logits_to_keep=t + 1).logits[:, :-1][wanted].float()  # (B, t, V) -> (N, V)
+    return model(**inputs, logits_to_keep=_keep_mask(inputs, wanted, t)).logits.float()
+
+
+def _keep_mask(inputs: dict[str, object], wanted: torch.Tensor, t: int) -> torch.Tensor:
+    """The (B, L) boolean ``logits_to_keep`` of the positions predicting the ``wanted`` (B, t) response tokens, the
+    response being the last ``t`` of the ``L`` input columns."""
     length = inputs["input_ids"].shape[1]  # type: ignore[attr-defined]
     keep = torch.zeros((len(wanted), length), dtype=torch.bool, device=wanted.device)  # (B, L)
     keep[:, length - t - 1 : length - 1] = wanted  # the position before a token predicts it
-    return model(**inputs, logits_to_keep=keep).logits.float()
+    return keep
 
 
 def _scatter(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

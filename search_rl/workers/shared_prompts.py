@@ -18,7 +18,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from search_rl.batches import TrainBatch
-from search_rl.models.cache_arg import CACHE_KWARG
+from search_rl.models.loading import CACHE_KWARG
 
 
 def prompt_keys(batch: TrainBatch) -> list[tuple[int, ...]]:

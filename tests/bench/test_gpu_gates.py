@@ -18,8 +18,8 @@ import torch
 
 from search_rl.datatypes import Generated
 from search_rl.models import build_tiny_model, load_tokenizer
-from search_rl.models.cache_arg import CACHE_KWARG
-from search_rl.rollout.engines.step_graphs import mismatch_bound
+from search_rl.models.loading import CACHE_KWARG
+from search_rl.rollout.engines.static.step_graphs import mismatch_bound
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -15,8 +15,8 @@ import torch
 
 from search_rl.datatypes import Generated, SamplingParams
 from search_rl.models import build_tiny_model, compute_dtype, load_tokenizer
+from search_rl.prompt_data import encode_prompt
 from search_rl.rollout.engines.hf import HFEngine
-from search_rl.rollout.prompts import encode_prompt
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(min(2, torch.get_num_threads()))

@@ -21,8 +21,13 @@ import pandas as pd
 import pytest
 
 from retriever_server.launcher import free_port
-from search_rl import demo
 from search_rl.configure import load_config
+from search_rl.demo.budgets import BUDGETS_FILE, check_budgets
+from search_rl.demo.cli import main
+from search_rl.demo.overrides import eval_overrides, sft_overrides, train_overrides
+from search_rl.demo.progress import ProgressSink
+from search_rl.demo.settings import DATASET_DIR, RL_QUESTIONS, DemoSettings
+from search_rl.demo.stages import evaluate
 from search_rl.main_eval import load_eval_config
 from search_rl.main_sft import load_sft_config
 
@@ -37,34 +42,34 @@ def bm25(monkeypatch):
 def test_stages_share_the_search_loop_and_budgets(tmp_path):
     """Every stage composes into a valid config; training and evaluation run the same search loop, RL starts from
     the warm start, and every stage is scored on the same questions (the paired comparison relies on it)."""
-    s = demo.DemoSettings(10, 8, 4, 4, 4, 50, tmp_path, "smollm2", 2, False)
+    s = DemoSettings(10, 8, 4, 4, 4, 50, tmp_path, "smollm2", 2, False)
     url = "http://127.0.0.1:1/retrieve"
     start = tmp_path / "sft" / "global_step_10"
-    sft = load_sft_config(demo.sft_overrides(s, url))
-    rl = load_config(demo.train_overrides(s, url, start))
-    evals = [load_eval_config(demo.eval_overrides(s, url, st, c)) for st, c in (("base", None), ("rl", start))]
+    sft = load_sft_config(sft_overrides(s, url))
+    rl = load_config(train_overrides(s, url, start))
+    evals = [load_eval_config(eval_overrides(s, url, st, c)) for st, c in (("base", None), ("rl", start))]
     for cfg, rollout in ((sft, sft.rollout), (rl, rl.actor_rollout_ref.rollout), *((e, e.rollout) for e in evals)):
         assert (cfg.max_turns, rollout.max_turn_tokens, rollout.max_obs_tokens) == (2, 64, 384)
         assert rollout.max_response_tokens == 1024
     assert rl.model.path == str(start) and rl.algorithm.adv_estimator == "grpo"
     assert (rl.model.lora_rank, rl.actor_rollout_ref.actor.optim.lr) == (16, 1e-4) and sft.model.lora_rank == 0
     assert rl.actor_rollout_ref.rollout.n == 4 and rl.data.train_batch_size == 4
-    assert rl.data.train_files == [str(demo.RL_QUESTIONS)] and sft.data.train_files != rl.data.train_files
+    assert rl.data.train_files == [str(RL_QUESTIONS)] and sft.data.train_files != rl.data.train_files
     assert sft.trainer.default_local_dir == str(tmp_path / "sft")
     assert rl.trainer.default_local_dir == str(tmp_path / "rl")
     assert evals[1].model.path == str(start / "actor") and evals[0].model.path == sft.model.path
     assert {e.data.max_samples for e in evals} == {50} and evals[0].output_dir == str(tmp_path / "eval" / "base")
     seeded = dataclasses.replace(s, seed=3)
-    trained = (load_sft_config(demo.sft_overrides(seeded, url)), load_config(demo.train_overrides(seeded, url, start)))
+    trained = (load_sft_config(sft_overrides(seeded, url)), load_config(train_overrides(seeded, url, start)))
     assert [c.trainer.seed for c in trained] == [3, 3] and sft.trainer.seed == rl.trainer.seed == 0
-    assert load_eval_config(demo.eval_overrides(seeded, url, "rl", start)).data.seed == evals[1].data.seed
+    assert load_eval_config(eval_overrides(seeded, url, "rl", start)).data.seed == evals[1].data.seed
 
 
 def test_rl_questions_are_training_questions_with_their_manifest():
     """The shipped RL list is a subset of the training split (never test or validation questions), in its schema,
     and its manifest counts every training question under one reason."""
-    kept = pd.read_parquet(demo.RL_QUESTIONS)
-    train = pd.read_parquet(demo.DATASET_DIR / "train.parquet")
+    kept = pd.read_parquet(RL_QUESTIONS)
+    train = pd.read_parquet(DATASET_DIR / "train.parquet")
     assert list(kept.columns) == list(train.columns) and 0 < len(kept) < len(train)
 
     def ids(frame: pd.DataFrame) -> set[str]:
@@ -72,14 +77,14 @@ def test_rl_questions_are_training_questions_with_their_manifest():
 
     assert ids(kept) <= ids(train)
     for split in ("test", "val"):
-        assert not ids(kept) & ids(pd.read_parquet(demo.DATASET_DIR / f"{split}.parquet"))
-    manifest = json.loads(demo.RL_QUESTIONS.with_name("rl_kept.manifest.json").read_text())
+        assert not ids(kept) & ids(pd.read_parquet(DATASET_DIR / f"{split}.parquet"))
+    manifest = json.loads(RL_QUESTIONS.with_name("rl_kept.manifest.json").read_text())
     reasons = manifest["questions_by_reason"]
     assert reasons["kept"] == len(kept) and sum(reasons.values()) == len(train)
 
 
 def test_rl_progress_prints_the_groups_with_signal(capsys):
-    sink = demo.ProgressSink(3, desc="rl", groups=4)
+    sink = ProgressSink(3, desc="rl", groups=4)
     sink.log({"reward/groups_all_equal": 0.25, "reward/score_mean": 0.5}, step=1)
     sink.log({"reward/groups_all_equal": 1.0}, step=2)
     sink.close()
@@ -92,33 +97,33 @@ def test_a_run_folder_is_reused_only_with_its_own_budgets(tmp_path):
     """A rerun with the same settings may reuse the folder; other budgets (or a folder from before budgets were
     recorded) are refused with the difference named, and --fresh starts over and records the new ones."""
     run = tmp_path / "demo"
-    s = demo.DemoSettings(10, 8, 3, 4, 4, 50, run, "smollm2", 2, False)
-    demo.check_budgets(s)
-    demo.check_budgets(s)  # same settings: reusable
-    assert json.loads((run / demo.BUDGETS_FILE).read_text())["max_obs_tokens"] == 384
+    s = DemoSettings(10, 8, 3, 4, 4, 50, run, "smollm2", 2, False)
+    check_budgets(s)
+    check_budgets(s)  # same settings: reusable
+    assert json.loads((run / BUDGETS_FILE).read_text())["max_obs_tokens"] == 384
     narrow = dataclasses.replace(s, max_obs_tokens=160)
     with pytest.raises(ValueError, match=r"max_obs_tokens: 384 there, 160 now.*--fresh"):
-        demo.check_budgets(narrow)
-    demo.check_budgets(dataclasses.replace(narrow, fresh=True))
-    assert json.loads((run / demo.BUDGETS_FILE).read_text())["max_obs_tokens"] == 160
+        check_budgets(narrow)
+    check_budgets(dataclasses.replace(narrow, fresh=True))
+    assert json.loads((run / BUDGETS_FILE).read_text())["max_obs_tokens"] == 160
     # a folder recorded before the seed was: made with seed 0, so reusable at seed 0 only
-    recorded = json.loads((run / demo.BUDGETS_FILE).read_text())
+    recorded = json.loads((run / BUDGETS_FILE).read_text())
     del recorded["seed"]
-    (run / demo.BUDGETS_FILE).write_text(json.dumps(recorded))
-    demo.check_budgets(narrow)
+    (run / BUDGETS_FILE).write_text(json.dumps(recorded))
+    check_budgets(narrow)
     with pytest.raises(ValueError, match=r"seed: 0 there, 1 now"):
-        demo.check_budgets(dataclasses.replace(narrow, seed=1))
+        check_budgets(dataclasses.replace(narrow, seed=1))
     old = tmp_path / "old"
     (old / "sft").mkdir(parents=True)
     with pytest.raises(ValueError, match="without budgets.json"):
-        demo.check_budgets(dataclasses.replace(s, run_dir=old))
+        check_budgets(dataclasses.replace(s, run_dir=old))
 
 
 @pytest.mark.parametrize("flag", ["--max-turns", "--max-obs-tokens"])
 def test_budget_flags_must_be_positive(flag, capsys):
     """The response budget is computed from these: a non-positive value is refused before anything starts."""
     with pytest.raises(SystemExit) as exit_info:
-        demo.main([flag, "0"])
+        main([flag, "0"])
     assert exit_info.value.code == 2
     assert f"argument {flag}: must be >= 1, got 0" in capsys.readouterr().err
 
@@ -127,9 +132,9 @@ def test_budget_flags_must_be_positive(flag, capsys):
 def test_evaluation_console_shows_progress_and_summary_not_every_metric(retriever_url, tmp_path, caplog):
     """A stage's evaluation prints its progress and one summary line; the per-metric dump (about 40 lines of
     ``eval/<source>/<metric> = value``) stays in its metrics.json."""
-    s = demo.DemoSettings(1, 2, 1, 2, 2, 2, tmp_path, "tiny", 1, False)
+    s = DemoSettings(1, 2, 1, 2, 2, 2, tmp_path, "tiny", 1, False)
     caplog.set_level("INFO")
-    out = demo.evaluate(s, retriever_url, "base", None, reuse=False)
+    out = evaluate(s, retriever_url, "base", None, reuse=False)
     metrics = json.loads((out / "metrics.json").read_text())
     assert len([k for k in metrics if k.startswith("eval/")]) > 10
     assert "rolled out 2/2" in caplog.text
@@ -150,7 +155,7 @@ def _down(port: int) -> bool:
 def test_serve_only_exit(bm25, caplog):
     port = free_port()
     caplog.set_level("INFO", logger="search_rl.demo")
-    assert demo.main(["--serve-only", "--exit", "--port", str(port)]) == 0
+    assert main(["--serve-only", "--exit", "--port", str(port)]) == 0
     assert "Q: who got the first nobel prize in physics" in caplog.text
     assert _down(port)
 
@@ -159,7 +164,7 @@ def test_serve_only_exit(bm25, caplog):
 def test_failed_run_stops_the_retriever(bm25, tmp_path):
     port = free_port()
     with pytest.raises(ValueError, match="train_batch_size"):  # a real config error, raised after the server is up
-        demo.main(["--model", "tiny", "--sft-batch", "0", "--port", str(port), "--run-dir", str(tmp_path)])
+        main(["--model", "tiny", "--sft-batch", "0", "--port", str(port), "--run-dir", str(tmp_path)])
     assert (tmp_path / "retriever.log").exists()
     assert _down(port)
 

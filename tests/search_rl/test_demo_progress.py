@@ -1,5 +1,5 @@
-"""The demo shows the retriever's index build while it waits: ``demo.BuildProgress`` polls ``GET /health`` of a
-real server that encodes a small corpus, logs each step and draws a bar of the passages encoded.
+"""The demo shows the retriever's index build while it waits: ``search_rl.demo.progress.BuildProgress`` polls
+``GET /health`` of a real server that encodes a small corpus, logs each step and draws a bar of the passages encoded.
 
 Run: python -m pytest tests/search_rl/test_demo_progress.py -q
 """
@@ -15,7 +15,7 @@ import pytest
 
 from retriever_server.launcher import RetrieverProcess
 from retriever_server.settings import SHIPPED_CORPUS
-from search_rl.demo import BuildProgress
+from search_rl.demo.progress import BuildProgress
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -1,10 +1,11 @@
 """Import directions (docs/architecture.md): ``data_prep → search_rl → retriever_server`` at package level; inside
 ``search_rl`` the config holds data only: it never imports the algorithms, reward or rollout code that read it
 (``search_rl.configure`` resolves registry names); no module of a package imports an entry point
-(``search_rl/main_*.py``, ``search_rl/demo.py``: they sit on top and know every concrete class); the module-level
-imports of ``search_rl`` and ``retriever_server``, those under ``if TYPE_CHECKING:`` included, have no cycle; the
-search backends (``search_rl/rollout/backends/``) import nothing of the rollout above them; and the retriever's core
-(corpus, index, retrievers, identity, settings) never imports its HTTP layer (``retriever_server/api/``).
+(``search_rl/main_*.py`` and the ``search_rl/demo/`` package: they sit on top and know every concrete class); the
+module-level imports of ``search_rl`` and ``retriever_server``, those under ``if TYPE_CHECKING:`` included, have no
+cycle; the search backends (``search_rl/rollout/backends/``) import nothing of the rollout above them; the engine
+kinds (``search_rl/rollout/engines/{hf,static,vllm}/``) do not import each other; and the retriever's core (corpus,
+index, retrievers, identity, settings) never imports its HTTP layer (``retriever_server/api/``).
 
 Run: python -m pytest tests/search_rl/test_import_directions.py -q
 """
@@ -23,7 +24,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 ENTRY_POINTS = sorted(["search_rl.demo", *(f"search_rl.{p.stem}" for p in (REPO / "search_rl").glob("main_*.py"))])
-"""The modules ``python -m`` runs; nothing else imports them."""
+"""The modules ``python -m`` runs, and the demo's package (an entry point in rooms, every module of it one); nothing
+else imports them."""
+
+
+def _is_entry_point(module: str) -> bool:
+    return any(module == e or module.startswith(e + ".") for e in ENTRY_POINTS)
 
 
 def _module_name(path: Path) -> str:
@@ -82,12 +88,14 @@ def test_packages_import_one_way(package: str, forbidden: str):
 def test_no_module_imports_an_entry_point():
     # entry points may drive each other (the demo runs main_ppo's stages); scripts (bench/, tests) may call them
     offenders = sorted(
-        f"{path.relative_to(REPO)} imports {name}"
-        for package in ("search_rl", "retriever_server", "data_prep")
-        for path in (REPO / package).rglob("*.py")
-        if _module_name(path) not in ENTRY_POINTS
-        for name in _imported_modules(path)
-        if name in ENTRY_POINTS
+        {
+            f"{path.relative_to(REPO)} imports {name}"
+            for package in ("search_rl", "retriever_server", "data_prep")
+            for path in (REPO / package).rglob("*.py")
+            if not _is_entry_point(_module_name(path))
+            for name in _imported_modules(path)
+            if _is_entry_point(name)
+        }
     )
     assert not offenders, f"move what they need out of the entry point into its package: {offenders}"
 
@@ -131,9 +139,9 @@ def _within(name: str, package: str) -> bool:
 
 
 BACKENDS = "search_rl.rollout.backends"
-LAZY_BACKEND_IMPORTS = {f"{BACKENDS}.simulated": ("search_rl.rollout.engines.hf", "search_rl.rollout.prompts")}
+LAZY_BACKEND_IMPORTS = {f"{BACKENDS}.simulated": ("search_rl.rollout.engines.factory",)}
 """Imports of the rollout a backend may make inside a function: the simulated backend builds its writer model (an HF
-engine and a prompt) on first use."""
+engine, through the one engine builder) on first use."""
 
 
 def test_search_backends_import_nothing_of_the_rollout_above_them():
@@ -148,6 +156,32 @@ def test_search_backends_import_nothing_of_the_rollout_above_them():
             if name in top or not lazy_ok:
                 offenders.append(f"{path.relative_to(REPO)} imports {name}")
     assert not offenders, f"move what a backend needs into {BACKENDS} (or datatypes / config): {offenders}"
+
+
+ENGINES = "search_rl.rollout.engines"
+ENGINE_KINDS = tuple(
+    f"{ENGINES}.{p.name}"
+    for p in sorted((REPO / "search_rl/rollout/engines").iterdir())
+    if p.is_dir() and (p / "__init__.py").exists()
+)
+"""The engine subpackages, one per kind (``hf``, ``static``, ``vllm``)."""
+SHARED_ENGINE_HELPERS = tuple(f"{ENGINES}.{m}" for m in ("base", "decoding", "in_process", "prefix_cache"))
+"""What the kinds share: none of it imports a kind (``choice`` and ``factory`` know every kind)."""
+
+
+def test_engine_kinds_do_not_import_each_other():
+    # a kind may use the contract and the shared helpers of rollout/engines/, never another kind; nor may the helpers
+    assert {k.rsplit(".", 1)[1] for k in ENGINE_KINDS} == {"hf", "static", "vllm"}
+    offenders = []
+    for path in (REPO / "search_rl/rollout/engines").rglob("*.py"):
+        module = _module_name(path)
+        mine = next((k for k in ENGINE_KINDS if _within(module, k)), None)
+        if mine is None and module not in SHARED_ENGINE_HELPERS:
+            continue
+        for name in sorted(_imported_modules(path)):
+            if any(_within(name, k) for k in ENGINE_KINDS if k != mine):
+                offenders.append(f"{path.relative_to(REPO)} imports {name}")
+    assert not offenders, f"move what two engine kinds share into {ENGINES} (base, decoding, ...): {offenders}"
 
 
 RETRIEVER_SERVICE = (

@@ -112,14 +112,18 @@ class SimulatedBackend:
     def _write_locally(self, prompts: list[str], k: int) -> list[str]:
         import torch
 
+        from search_rl.config import EngineRolloutConfig
         from search_rl.models import load_model, load_tokenizer
-        from search_rl.rollout.engines.hf import HFEngine
-        from search_rl.rollout.prompts import encode_prompt
+        from search_rl.prompt_data import encode_prompt
+        from search_rl.rollout.engines.factory import build_engine
 
         if self._engine is None:
             self._tokenizer = load_tokenizer(self.cfg.model)
-            model = load_model(self.cfg.model, seed=self.cfg.seed)
-            self._engine = HFEngine(model, self._tokenizer)
+            model = load_model(self.cfg.model, seed=self.cfg.seed)  # on the CPU, where the writer generates
+            writer = EngineRolloutConfig(engine="hf")  # the HF engine's default settings
+            self._engine = build_engine(
+                writer, self._tokenizer, model=model, export=None, device=torch.device("cpu"), seed=self.cfg.seed
+            )
         greedy = self.cfg.temperature == 0
         params = SamplingParams(
             max_new_tokens=k * self.cfg.max_doc_tokens,

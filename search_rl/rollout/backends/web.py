@@ -21,7 +21,7 @@ from html.parser import HTMLParser
 
 import httpx
 
-from search_rl.config.errors import ConfigError
+from search_rl.config.loading import ConfigError
 from search_rl.config.search_backends import WebSearchConfig
 from search_rl.datatypes import Passage
 from search_rl.rollout.backends.identity import BackendIdentity

@@ -1,5 +1,6 @@
 """What the in-process engines share per decode step: sampling a token per row, deciding whether a row is finished,
-copying a finished row's KV states, and the hook that may rewrite logits."""
+copying a finished row's KV states, the order rows close up in when some finish (``fill_holes``), and the hook that
+may rewrite logits."""
 
 from __future__ import annotations
 
@@ -27,6 +28,14 @@ def row_states(cache: DynamicCache, attention: torch.Tensor, row: int, n: int) -
     keep = attention[row].bool()
     assert int(keep.sum()) == n, "KV columns and fed tokens must match"
     return [(layer.keys[row][:, keep], layer.values[row][:, keep]) for layer in cache.layers]  # type: ignore[union-attr,index]
+
+
+def fill_holes(keep: list[int], rows: int) -> list[int]:
+    """The rows ``keep`` (ascending, out of ``rows``) in the order that moves the fewest: a kept row below
+    ``len(keep)`` stays where it is, and each place a leaving row frees there takes a kept row from beyond it."""
+    kept, movers = set(keep), iter(r for r in keep if r >= len(keep))
+    assert len(kept) == len(keep) and all(0 <= r < rows for r in keep)
+    return [r if r in kept else next(movers) for r in range(len(keep))]
 
 
 class StopTails:

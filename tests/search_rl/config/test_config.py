@@ -39,10 +39,8 @@ def test_every_field_has_an_attribute_docstring():
     import ast
     import inspect
 
-    import search_rl.config.rollout as module
-
-    tree = ast.parse(inspect.getsource(module))
     for cls in (RolloutConfig, RetrieverClientConfig, HFEngineConfig):
+        tree = ast.parse(inspect.getsource(inspect.getmodule(cls)))
         node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls.__name__)
         documented = {
             a.target.id

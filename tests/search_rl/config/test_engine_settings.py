@@ -14,6 +14,7 @@ import pytest
 from search_rl import configure
 from search_rl.config import ConfigError
 from search_rl.configure import load_config
+from search_rl.rollout.engines import choice
 
 ROLLOUT = "actor_rollout_ref.rollout"
 
@@ -21,12 +22,12 @@ ROLLOUT = "actor_rollout_ref.rollout"
 @pytest.fixture(autouse=True)
 def fresh_warnings(monkeypatch):
     """Each test sees its warnings as the first of the process, on a machine without CUDA."""
-    monkeypatch.setattr(configure, "_warned", set())
+    monkeypatch.setattr(choice, "_warned", set())
     monkeypatch.setattr(configure, "_cuda", lambda: False)
 
 
 def _warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == configure.__name__]
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == choice.__name__]
 
 
 @pytest.mark.parametrize("config_name", ["ppo_trainer", "eval"])
@@ -44,7 +45,7 @@ def test_continuous_runs_on_the_hf_engine_without_a_word(caplog):
 
 
 def test_continuous_where_auto_chose_another_engine_is_warned_once(monkeypatch, caplog):
-    monkeypatch.setattr(configure, "choose_engine", lambda path, gpu: ("vllm", "vLLM is installed"))
+    monkeypatch.setattr(choice, "choose_engine", lambda path, gpu: ("vllm", "vLLM is installed"))
     for _ in range(2):
         cfg = load_config([f"{ROLLOUT}.schedule=continuous"], config_name="eval")
     assert cfg.rollout.engine == "vllm"

@@ -71,7 +71,7 @@ def test_cache_keyword_fills_the_cache_without_deprecation_warnings(tiny_model, 
     from transformers import DynamicCache
 
     from search_rl.datatypes import SamplingParams
-    from search_rl.models.cache_arg import CACHE_KWARG
+    from search_rl.models.loading import CACHE_KWARG
     from search_rl.rollout.engines.hf import HFEngine
 
     ids = torch.tensor([tokenizer.encode("The capital of France is")])

@@ -218,16 +218,16 @@ def test_schedule_is_checked():
 def test_continuous_on_an_engine_without_working_sessions_runs_turns_and_says_so_once(
     make_scripted_hf, make_prompt, monkeypatch, caplog
 ):
-    from search_rl.rollout import generation_manager
+    from search_rl.rollout.engines import choice
 
-    monkeypatch.setattr(generation_manager, "_fell_back", set())
+    monkeypatch.setattr(choice, "_warned", set())
     prompts, scripts = _scripts(make_prompt)
     engine = make_scripted_hf(scripts)
-    assert generation_manager.schedule_that_runs("continuous", engine) == "continuous"
+    assert choice.schedule_that_runs("continuous", engine) == "continuous"
     monkeypatch.setattr(type(engine), "supports_sessions", property(lambda self: False))  # a sliding-window cache
-    with caplog.at_level("WARNING", logger=generation_manager.__name__):
-        ran = [generation_manager.schedule_that_runs("continuous", engine) for _ in range(2)]
-        assert generation_manager.schedule_that_runs("turns", object()) == "turns"
+    with caplog.at_level("WARNING", logger=choice.__name__):
+        ran = [choice.schedule_that_runs("continuous", engine) for _ in range(2)]
+        assert choice.schedule_that_runs("turns", object()) == "turns"
     assert ran == ["turns", "turns"]
-    [warning] = [r.getMessage() for r in caplog.records if r.name == generation_manager.__name__]
+    [warning] = [r.getMessage() for r in caplog.records if r.name == choice.__name__]
     assert warning.startswith(f"rollout.schedule=continuous: {type(engine).__name__} cannot open decode sessions")

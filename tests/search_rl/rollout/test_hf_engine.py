@@ -286,7 +286,7 @@ def test_repeated_prompts_are_encoded_once_and_sampled_independently(tiny_model,
 def test_reordering_rows_when_samples_finish_changes_no_sample(tiny_model, tokenizer, monkeypatch):
     """Finished rows are replaced by rows from the end of the batch (``fill_holes``); each sample still gets the
     random draws it would get with the rows kept in order, so seeded output is the same either way."""
-    import search_rl.rollout.engines.hf as hf_module
+    import search_rl.rollout.engines.hf.engine as hf_module
 
     prompts = _ids(tokenizer, [*PROMPTS, "Who wrote Hamlet", "One", "Two words", "The sea is"])
     limits = [3, 11, 5, 14, 2, 9, 6]  # rows leave at different steps, early rows first: holes to fill

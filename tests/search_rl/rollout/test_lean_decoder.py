@@ -15,8 +15,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
-from search_rl.rollout.engines.lean_decoder import ROPE_TYPES, LeanDecoder, check_supported
-from search_rl.rollout.engines.slot_cache import SlotCache
+from search_rl.rollout.engines.static.lean_decoder import ROPE_TYPES, LeanDecoder, check_supported
+from search_rl.rollout.engines.static.slot_cache import SlotCache
 
 VOCAB = 300
 LOGIT_ULPS = 16

@@ -15,7 +15,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from search_rl.datatypes import SamplingParams
 from search_rl.rollout.engines.hf import HFEngine
-from search_rl.rollout.engines.packed_decode import PACKED_SDPA, packed_decode, packed_sdpa_attention
+from search_rl.rollout.engines.hf.packed_decode import PACKED_SDPA, packed_decode, packed_sdpa_attention
 
 
 class _Layer(torch.nn.Module):

@@ -60,14 +60,14 @@ class SearchTheQuestion:
 
 @pytest.fixture
 def searching_engine(monkeypatch):
-    build = eval_run.build_standalone_engine
+    build = eval_run.build_standalone_rollout
 
-    def engine(cfg, tokenizer, model, policy=None):
-        built = build(cfg, tokenizer, model, policy=policy)
-        built.logits_processor = SearchTheQuestion(tokenizer)
+    def rollout(engine_cfg, loop, tokenizer, model, **kwargs):
+        built = build(engine_cfg, loop, tokenizer, model, **kwargs)
+        built.engine.logits_processor = SearchTheQuestion(tokenizer)
         return built
 
-    monkeypatch.setattr(eval_run, "build_standalone_engine", engine)
+    monkeypatch.setattr(eval_run, "build_standalone_rollout", rollout)
 
 
 def test_replay_reproduces_a_recorded_evaluation_with_the_retriever_stopped(searching_engine, tmp_path):

@@ -18,11 +18,11 @@ import pytest
 from search_rl.config import RetrieverClientConfig, RolloutConfig
 from search_rl.datatypes import GroundTruth
 from search_rl.models import load_model
+from search_rl.prompt_data import encode_prompt
 from search_rl.reward import compute_reward
 from search_rl.rollout.backends import RetrieverClient
 from search_rl.rollout.engines.hf import HFEngine
 from search_rl.rollout.generation_manager import LLMGenerationManager
-from search_rl.rollout.prompts import encode_prompt
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 logger = logging.getLogger(__name__)

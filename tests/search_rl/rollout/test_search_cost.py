@@ -13,7 +13,7 @@ from memory_retriever import InMemoryRetriever, shipped_passages
 
 from search_rl.batches import PromptBatch
 from search_rl.config import RewardConfig, RolloutConfig
-from search_rl.config.errors import ConfigError
+from search_rl.config.loading import ConfigError
 from search_rl.reward.scoring import score_trajectories
 from search_rl.rollout.backends import BackendIdentity, CostMeter, RecordingRetriever, RecordingStore
 from search_rl.rollout.generation_manager import LLMGenerationManager

@@ -18,7 +18,8 @@ from search_rl.datatypes import Generated, SamplingParams
 from search_rl.models import build_tiny_model
 from search_rl.rollout.engines.base import RolloutEngine
 from search_rl.rollout.engines.hf import HFEngine
-from search_rl.rollout.engines.static import StaticEngine, batch_bucket
+from search_rl.rollout.engines.static import StaticEngine
+from search_rl.rollout.engines.static.engine import batch_bucket
 from search_rl.rollout.generation_manager import LLMGenerationManager
 
 PROMPTS = ["The capital of France is", "Hi", "A much longer prompt that needs left padding in a batch of three"]
@@ -184,7 +185,7 @@ def test_update_weights_gives_the_new_models_outputs(tokenizer):
 def test_a_prefill_split_over_several_forwards_gives_the_same_results(tiny_model, tokenizer, monkeypatch):
     """Admissions larger than ``PREFILL_TOKENS`` padded tokens are encoded in several forwards (rows sorted by length,
     the results put back in order): the same tokens and log-probs as the HF engine."""
-    from search_rl.rollout.engines import static
+    from search_rl.rollout.engines.static import engine as static
 
     monkeypatch.setattr(static, "PREFILL_TOKENS", 12)  # two or three rows of these prompts per forward
     prompts = _ids(tokenizer, PROMPTS) * 2 + _ids(tokenizer, ["Q: why?"])

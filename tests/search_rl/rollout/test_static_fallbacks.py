@@ -17,9 +17,9 @@ import torch
 
 from search_rl.config import HFEngineConfig
 from search_rl.datatypes import Generated, SamplingParams
-from search_rl.rollout.engines import static
 from search_rl.rollout.engines.static import StaticEngine
-from search_rl.rollout.engines.step_graphs import replay_bound
+from search_rl.rollout.engines.static import engine as static_engine
+from search_rl.rollout.engines.static.step_graphs import replay_bound
 
 PROMPTS = ["The capital of France is", "Hi", "A much longer prompt that needs left padding in a batch of three"]
 GREEDY = SamplingParams(max_new_tokens=4, greedy=True)
@@ -40,7 +40,7 @@ def expected(tiny_model, tokenizer) -> list[tuple[tuple[int, ...], str | None]]:
 
 
 def _warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == static.__name__]
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == static_engine.__name__]
 
 
 class Rerun:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from search_rl.rollout.engines.step_graphs import (
+from search_rl.rollout.engines.static.step_graphs import (
     CHECKED_REPLAYS,
     GraphError,
     GraphMismatch,

@@ -18,8 +18,8 @@ from search_rl.config import VLLMEngineConfig
 from search_rl.datatypes import SamplingParams
 from search_rl.models import load_model, model_dir
 from search_rl.models.weights import tensor_aliases, without_aliases
+from search_rl.prompt_data import encode_prompt
 from search_rl.rollout.engines.hf import HFEngine
-from search_rl.rollout.prompts import encode_prompt
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")

@@ -17,8 +17,8 @@ from packaging.specifiers import SpecifierSet
 
 from search_rl.config import ConfigError, VLLMEngineConfig
 from search_rl.configure import load_config
-from search_rl.rollout.engines import vllm_sync
-from search_rl.rollout.engines.vllm_sync import (
+from search_rl.rollout.engines.vllm import weight_sync
+from search_rl.rollout.engines.vllm.weight_sync import (
     INSECURE_SERIALIZATION,
     SUPPORTED_VLLM,
     OfflineClient,
@@ -55,7 +55,7 @@ def test_the_offline_client_wraps_the_payloads_the_way_llm_takes_them():
 
 def test_the_vllm_extra_admits_exactly_the_supported_releases():
     extra = tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"]["vllm"]
-    assert extra == [f"vllm{SUPPORTED_VLLM}"], "pyproject.toml's vllm extra and vllm_sync.SUPPORTED_VLLM must agree"
+    assert extra == [f"vllm{SUPPORTED_VLLM}"], "pyproject.toml's vllm extra and weight_sync.SUPPORTED_VLLM must agree"
     releases = ("0.31.9", "0.32.0", "0.32.4", "0.33.0", "0.33.2", "0.34.0")
     admitted = [v for v in releases if v in SpecifierSet(SUPPORTED_VLLM)]
     assert admitted == ["0.32.0", "0.32.4", "0.33.0", "0.33.2"], "test_vllm_weight_source.py covers 0.32 and 0.33"
@@ -111,7 +111,7 @@ def test_ipc_turns_on_pickled_messages_for_vllm_and_says_so(monkeypatch, caplog)
 
     monkeypatch.delenv(INSECURE_SERIALIZATION, raising=False)
     assert not vllm.envs.VLLM_ALLOW_INSECURE_SERIALIZATION
-    with caplog.at_level("WARNING", logger=vllm_sync.__name__):
+    with caplog.at_level("WARNING", logger=weight_sync.__name__):
         allow_pickled_messages()
     assert vllm.envs.VLLM_ALLOW_INSECURE_SERIALIZATION, "the engine core started next inherits it"
     assert "anyone who can write to them can run code" in caplog.text

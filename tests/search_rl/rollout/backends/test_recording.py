@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import pytest
 
 from search_rl.config import RetrieverClientConfig
-from search_rl.config.errors import ConfigError
+from search_rl.config.loading import ConfigError
 from search_rl.config.search_backends import RecordingConfig
 from search_rl.datatypes import Passage
 from search_rl.rollout.backends import CostMeter, build_retriever, recorded_fingerprint

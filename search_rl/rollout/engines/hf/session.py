@@ -21,8 +21,15 @@ from transformers import DynamicCache, PreTrainedModel
 from search_rl.config import HFEngineConfig
 from search_rl.datatypes import Generated, SamplingParams
 from search_rl.rollout.engines.base import check_generate_args
-from search_rl.rollout.engines.decoding import LogitsProcessor, StopTails, finish_reason, row_states, sample_tokens
-from search_rl.rollout.engines.growing_cache import GrowingLayer, fill_holes
+from search_rl.rollout.engines.decoding import (
+    LogitsProcessor,
+    StopTails,
+    fill_holes,
+    finish_reason,
+    row_states,
+    sample_tokens,
+)
+from search_rl.rollout.engines.hf.growing_cache import GrowingLayer
 from search_rl.rollout.engines.prefix_cache import KV, PrefixStore
 
 

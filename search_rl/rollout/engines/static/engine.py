@@ -32,14 +32,13 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from search_rl.config import HFEngineConfig
 from search_rl.datatypes import Generated, SamplingParams
-from search_rl.rollout.engines.decode_state import CallState, DecodeState
-from search_rl.rollout.engines.decoding import LogitsProcessor, stream_key
-from search_rl.rollout.engines.growing_cache import fill_holes
+from search_rl.rollout.engines.decoding import LogitsProcessor, fill_holes, stream_key
 from search_rl.rollout.engines.in_process import InProcessEngine
-from search_rl.rollout.engines.lean_decoder import LeanDecoder
 from search_rl.rollout.engines.prefix_cache import MIN_COMMON_PREFIX_SAVING, common_prefix_length
-from search_rl.rollout.engines.slot_cache import SlotCache
-from search_rl.rollout.engines.step_graphs import GraphFactory, GraphFallback, StepGraphs, replay_bound
+from search_rl.rollout.engines.static.decode_state import CallState, DecodeState
+from search_rl.rollout.engines.static.lean_decoder import LeanDecoder
+from search_rl.rollout.engines.static.slot_cache import SlotCache
+from search_rl.rollout.engines.static.step_graphs import GraphFactory, GraphFallback, StepGraphs, replay_bound
 
 logger = logging.getLogger(__name__)
 

@@ -17,12 +17,12 @@ from transformers.cache_utils import DynamicLayer
 
 from search_rl.config import HFEngineConfig
 from search_rl.datatypes import Generated, SamplingParams
-from search_rl.models.cache_arg import CACHE_KWARG
-from search_rl.rollout.engines.decoding import LogitsProcessor, finish_reason, row_states, sample_tokens
-from search_rl.rollout.engines.growing_cache import fill_holes, growing_cache
-from search_rl.rollout.engines.hf_session import HFSession
+from search_rl.models.loading import CACHE_KWARG
+from search_rl.rollout.engines.decoding import LogitsProcessor, fill_holes, finish_reason, row_states, sample_tokens
+from search_rl.rollout.engines.hf.growing_cache import growing_cache
+from search_rl.rollout.engines.hf.packed_decode import TRANSFORMERS_PACKS_GQA, packed_decode
+from search_rl.rollout.engines.hf.session import HFSession
 from search_rl.rollout.engines.in_process import InProcessEngine
-from search_rl.rollout.engines.packed_decode import TRANSFORMERS_PACKS_GQA, packed_decode
 from search_rl.rollout.engines.prefix_cache import (
     KV,
     MIN_COMMON_PREFIX_SAVING,
@@ -61,7 +61,7 @@ class HFEngine(InProcessEngine):
         return all(type(layer) is DynamicLayer for layer in layers)
 
     def open_session(self, params: SamplingParams) -> HFSession:
-        """A continuous-batching ``DecodeSession`` (``hf_session.HFSession``).
+        """A continuous-batching ``DecodeSession`` (``session.HFSession``).
 
         Raises:
             ValueError: the model's cache is not made of plain ``DynamicLayer`` s (``supports_sessions``).

@@ -8,7 +8,7 @@ states in a buffer with ``SPARE_COLUMNS`` free columns after the last one, write
 model views of the filled part; the buffer is reallocated (one copy) only when it is full, once per
 ``SPARE_COLUMNS`` decode steps.
 
-Anything that assigns ``layer.keys`` / ``layer.values`` directly (``hf_session`` trims and merges batches that way)
+Anything that assigns ``layer.keys`` / ``layer.values`` directly (``session`` trims and merges batches that way)
 stays correct: the next ``update`` sees that the tensors are no longer its buffer's views and starts a new buffer
 from them.
 """
@@ -84,7 +84,7 @@ class GrowingLayer(DynamicLayer):
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep the rows ``indices``, in that order. When every row that changes place comes from beyond the kept
-        count (as ``fill_holes`` orders them), only those rows are copied, within the buffers; otherwise the
+        count (as ``decoding.fill_holes`` orders them), only those rows are copied, within the buffers; otherwise the
         buffers are gathered anew."""
         if self.get_seq_length() == 0:
             return
@@ -145,14 +145,6 @@ class GrowingLayer(DynamicLayer):
             buf[old_rows:, :, full - width : full] = states
         self._key_buf, self._value_buf, self._start = k_buf, v_buf, 0
         self._show(old_rows + new, full)
-
-
-def fill_holes(keep: list[int], rows: int) -> list[int]:
-    """The rows ``keep`` (ascending, out of ``rows``) in the order that moves the fewest: a kept row below
-    ``len(keep)`` stays where it is, and each place a leaving row frees there takes a kept row from beyond it."""
-    kept, movers = set(keep), iter(r for r in keep if r >= len(keep))
-    assert len(kept) == len(keep) and all(0 <= r < rows for r in keep)
-    return [r if r in kept else next(movers) for r in range(len(keep))]
 
 
 def growing_cache(config: PretrainedConfig) -> DynamicCache:

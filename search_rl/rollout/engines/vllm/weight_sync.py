@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 SUPPORTED_VLLM = ">=0.32,<0.34"
 """The vLLM releases this module is written and tested against (pyproject.toml's ``vllm`` extra says the same)."""
-WORKER_EXTENSION = "search_rl.rollout.engines.vllm_sync.WorkerExtension"
+WORKER_EXTENSION = "search_rl.rollout.engines.vllm.weight_sync.WorkerExtension"
 """``vllm.LLM(worker_extension_cls=...)``: the qualified name vLLM's workers import."""
 INSECURE_SERIALIZATION = "VLLM_ALLOW_INSECURE_SERIALIZATION"
 """vLLM's switch that lets its inter-process messages carry pickles (needed by ``ipc``)."""

