@@ -1,21 +1,21 @@
 """A run's configuration, ready to use: composed with Hydra, typed (``search_rl/config/``), then resolved.
 
 Resolution is the one place where names in the config are checked against the registries (advantage estimators,
-policy losses, KL estimators, loss aggregations, reward functions) and where the defaults that depend on them are
-filled (``rollout.engine=auto`` from whether vLLM is installed and runs the model, ``model.dtype=auto`` from the
-device and what it computes fast (``search_rl.models.compute_dtype``), ``rollout.n`` and
+policy losses, KL estimators, loss aggregations, reward functions, the rollout's tool classes) and where the defaults
+that depend on them are filled (``rollout.engine=auto`` from whether vLLM is installed and runs the model,
+``model.dtype=auto`` from the device and what it computes fast (``search_rl.models.compute_dtype``), ``rollout.n`` and
 ``critic.enable`` from what the estimator needs, ``algorithm.tis_cap`` from whether the sampler is the trainer). It
 runs before Ray starts, so a wrong name fails in a second with the key named. The config dataclasses themselves hold
 data and range checks only, and never import the registries.
 
 Once the engine and the device are known, a rollout setting that cannot apply where it runs is never dropped
-silently (``check_engine_settings``): it is refused with a ``ConfigError`` when the user named both it and the engine,
-and warned about once when ``engine=auto`` made the choice or the setting only partly applies.
+silently (``check_engine_settings``, with the engine choice in ``search_rl.rollout.engines.choice``): it is refused
+with a ``ConfigError`` when the user named both it and the engine, and warned about once when ``engine=auto`` made
+the choice or the setting only partly applies.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
@@ -24,22 +24,20 @@ from search_rl.algorithms import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGREGATIONS, P
 from search_rl.config import (
     AlgorithmConfig,
     ConfigError,
-    EngineRolloutConfig,
     EvalConfig,
-    HFEngineConfig,
     ModelConfig,
     PPOConfig,
     RewardConfig,
+    RolloutConfig,
     SFTConfig,
-    StaticEngineConfig,
-    VLLMEngineConfig,
 )
 from search_rl.config.loading import compose_config, to_typed
 from search_rl.config.ppo import DEFAULT_GROUP_SIZE, DEFAULT_TIS_CAP
 from search_rl.models.compute_dtype import AUTO, resolve_compute_dtype
 from search_rl.registry import Registry
 from search_rl.reward import REWARDS
-from search_rl.rollout.engines.choice import choose_engine
+from search_rl.rollout.engines.choice import check_engine_settings, resolve_engine
+from search_rl.rollout.tools import check_tool_specs
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +79,7 @@ def resolve(cfg: C) -> C:
         on_cpu = device == "cpu" or device == "auto" and not gpu and cfg.trainer.ray_address is None
         rollout = cfg.actor_rollout_ref.rollout
         check_engine_settings(rollout, on_cpu, resolve_engine(rollout, cfg.model.path, gpu))
+        check_rollout_tools(rollout, getattr(cfg, "retriever", None))
         # the workers run on this machine unless they join a running cluster, whose nodes' CPUs and GPUs are unknown
         here = not cfg.trainer.use_ray or cfg.trainer.ray_address is None
         resolve_dtype(cfg.model, ("cuda" if gpu else "cpu") if here else None)
@@ -89,8 +88,23 @@ def resolve(cfg: C) -> C:
     if isinstance(cfg, EvalConfig):
         gpu = _cuda()  # evaluation's engine runs in this process
         check_engine_settings(cfg.rollout, not gpu, resolve_engine(cfg.rollout, cfg.model.path, gpu))
+        check_rollout_tools(cfg.rollout, getattr(cfg, "retriever", None))
         resolve_dtype(cfg.model, "cuda" if gpu else "cpu")
     return cfg
+
+
+def check_rollout_tools(rollout: RolloutConfig, retriever: Any) -> None:
+    """Import and build each tool of ``rollout.tools`` once (``rollout.tools.check_tool_specs``), before Ray starts.
+
+    Raises:
+        ConfigError: an entry that cannot be built or declares itself wrongly, or ``open`` without the retriever
+            service; the message names the entry.
+    """
+    backend = getattr(retriever, "backend", None)
+    recording = getattr(getattr(retriever, "recording", None), "mode", "off")
+    if backend == "http" and recording != "off":
+        backend = f"http with retriever.recording.mode={recording}"
+    check_tool_specs(rollout.tools, backend)
 
 
 def resolve_dtype(model: ModelConfig, device: str | None) -> None:
@@ -110,111 +124,6 @@ def resolve_dtype(model: ModelConfig, device: str | None) -> None:
     model.dtype, model.dtype_reason = resolve_compute_dtype(requested, device)
     if requested == AUTO:
         logger.info("model.dtype=auto -> %s (%s)", model.dtype, model.dtype_reason)
-
-
-def resolve_engine(rollout: EngineRolloutConfig, model_path: str, gpu: bool) -> str:
-    """Replace ``rollout.engine=auto`` by a named engine (``search_rl.rollout.engines.choice``), logging why.
-
-    Returns:
-        Why ``auto`` chose that engine; empty when the config named the engine itself.
-    """
-    if rollout.engine != "auto":
-        return ""
-    rollout.engine, why = choose_engine(model_path, gpu)
-    where = "a GPU" if gpu else "CPU"
-    logger.info("actor_rollout_ref.rollout.engine=auto -> %s, for an engine on %s (%s)", rollout.engine, where, why)
-    return why
-
-
-_warned: set[str] = set()
-"""Warnings already logged by this process (each is logged once, however often a config is resolved)."""
-
-
-def warn_once(message: str) -> None:
-    """Log ``message`` as a warning the first time this process sees it."""
-    if message not in _warned:
-        _warned.add(message)
-        logger.warning(message)
-
-
-def check_engine_settings(rollout: EngineRolloutConfig, on_cpu: bool, auto_why: str = "") -> None:
-    """Refuse or warn about rollout settings that cannot apply to the resolved engine on its device.
-
-    Args:
-        rollout: ``actor_rollout_ref.rollout`` with its engine resolved (not ``auto``).
-        on_cpu: the engine is known to run on CPU (false: on CUDA, or on a cluster's devices not known here).
-        auto_why: why ``engine=auto`` chose the engine; empty when the user named it.
-
-    Raises:
-        ConfigError: a setting the engine cannot run here, with the keys, why and how to fix it.
-    """
-    key, engine = "actor_rollout_ref.rollout", rollout.engine
-    if rollout.schedule == "continuous" and engine != "hf":
-        why = f"rollouts run in turns: the continuous schedule needs the hf engine's decode sessions, {engine} has none"
-        if not auto_why:
-            raise ConfigError(
-                f"{key}.schedule=continuous with {key}.engine={engine}: {why}; set {key}.engine=hf to run continuous, "
-                f"or {key}.schedule=turns"
-            )
-        warn_once(
-            f"{key}.schedule=continuous: {why} ({key}.engine=auto chose {engine}: {auto_why}); set {key}.engine=hf "
-            f"to run continuous, or {key}.schedule=turns to keep turns without this warning"
-        )
-    if engine == "vllm" and on_cpu:
-        _check_vllm_on_cpu(rollout.vllm)
-    if engine == "static" and on_cpu:
-        _check_static_on_cpu(rollout.static)
-    if engine != "static":
-        names = tuple(f.name for f in dataclasses.fields(StaticEngineConfig))
-        _warn_unused(f"{key}.static", rollout.static, StaticEngineConfig(), names, engine, auto_why)
-    if engine == "vllm":  # hf.max_model_len is vLLM's context length too
-        _warn_unused(f"{key}.hf", rollout.hf, HFEngineConfig(), ("max_batch_size", "prefix_cache"), engine, auto_why)
-    else:
-        names = tuple(f.name for f in dataclasses.fields(VLLMEngineConfig))
-        _warn_unused(f"{key}.vllm", rollout.vllm, VLLMEngineConfig(), names, engine, auto_why)
-
-
-def _check_static_on_cpu(static: StaticEngineConfig) -> None:
-    """The static engine's GPU settings, asked for on a CPU: refused (``null``, their default, is off until the engine
-    has passed the GPU round, then on a GPU only: ``factory.static_features``)."""
-    key = "actor_rollout_ref.rollout.static"
-    for name, why in (
-        ("cuda_graphs", "CUDA graphs need a GPU"),
-        ("compile", "the compiled kernels were measured no faster than eager on CPU"),
-    ):
-        if getattr(static, name):
-            raise ConfigError(
-                f"{key}.{name}=true, and this run's static engine is on CPU ({why}); set {key}.{name}=false (or "
-                "null, the default: off on a CPU)"
-            )
-
-
-def _check_vllm_on_cpu(vllm: VLLMEngineConfig) -> None:
-    """The vLLM settings that need CUDA: refused (sleep mode, CUDA IPC) or warned about (CUDA graphs)."""
-    key = "actor_rollout_ref.rollout.vllm"
-    if vllm.sleep_level:
-        raise ConfigError(
-            f"{key}.sleep_level={vllm.sleep_level} needs a GPU (vLLM's sleep mode frees CUDA memory), and this run's "
-            f"vLLM engine is on CPU; set {key}.sleep_level=0"
-        )
-    if vllm.weight_sync == "ipc":
-        raise ConfigError(
-            f"{key}.weight_sync=ipc sends CUDA IPC handles, and this run's vLLM engine is on CPU; set "
-            f"{key}.weight_sync=disk (or auto)"
-        )
-    if not vllm.enforce_eager:
-        warn_once(
-            f"{key}.enforce_eager=false on CPU: there are no CUDA graphs to capture; what vLLM's CPU backend does "
-            f"instead is its own choice. {key}.enforce_eager=true (the default) silences this"
-        )
-
-
-def _warn_unused(key: str, settings: Any, defaults: Any, names: Sequence[str], engine: str, auto_why: str) -> None:
-    """Warn once when ``names`` of ``settings``, which the running engine does not read, differ from their defaults."""
-    changed = [f"{key}.{n}={getattr(settings, n)}" for n in names if getattr(settings, n) != getattr(defaults, n)]
-    if changed:
-        chose = f" (engine=auto chose it: {auto_why})" if auto_why else ""
-        warn_once(f"{', '.join(changed)} do not apply: the rollout runs the {engine} engine{chose}")
 
 
 def _cuda() -> bool:

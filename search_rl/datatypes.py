@@ -105,7 +105,8 @@ class TrajectoryStats:
 
 @dataclass(frozen=True)
 class SearchCall:
-    """One query the loop sent to the retriever, and the passages the model was shown for it.
+    """One tool call the loop made (a query sent to the retriever unless ``tool`` says otherwise), and the passages
+    the model was shown for it.
 
     ``passages`` are as inserted into the response: each text cut to the tokens that fit the observation budget,
     passages dropped for room left out; empty when the retriever failed (``failed``), returned nothing, or the
@@ -118,6 +119,9 @@ class SearchCall:
     retrieval_key: str | None = None
     """The entry of the retrieval recording that answered it (``search_rl.rollout.backends.recording``); None when not
     recorded."""
+    tool: str = "search"
+    """The tool called (``search``, ``open`` or a tool of ``rollout.tools``); ``query`` is then its one string
+    argument, or its arguments as JSON."""
 
 
 @dataclass(frozen=True)

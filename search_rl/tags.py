@@ -13,6 +13,9 @@ SEARCH_OPEN, SEARCH_CLOSE = "<search>", "</search>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 INFO_OPEN, INFO_CLOSE = "<information>", "</information>"
 
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+"""Around a tool call's JSON in Hermes-style chat templates (Qwen2.5, Qwen3): ``{"name": ..., "arguments": {...}}``."""
+
 STOP_STRINGS: tuple[str, ...] = (SEARCH_CLOSE, ANSWER_CLOSE)
 """The engine stops a turn right after either closing tag."""
 
@@ -40,9 +43,14 @@ NO_RESULTS_TEXT = "No results."
 """Body of the observation when the retriever returns no passage for a query."""
 
 
-def doc_header(index: int, title: str) -> str:
-    """``Doc {index}(Title: {title})`` — the text before a passage (1-based index)."""
-    return f"Doc {index}(Title: {title})"
+def doc_header(index: int, title: str, doc_id: str | None = None) -> str:
+    """``Doc {index}(Title: {title})`` — the text before a passage (1-based index); with ``doc_id`` (when the
+    ``open`` tool is on) ``Doc {index}(Title: {title}; id: {doc_id})``.
+
+    >>> doc_header(1, "Paris"), doc_header(2, "Lyon", "17")
+    ('Doc 1(Title: Paris)', 'Doc 2(Title: Lyon; id: 17)')
+    """
+    return f"Doc {index}(Title: {title})" if doc_id is None else f"Doc {index}(Title: {title}; id: {doc_id})"
 
 
 def format_docs(docs: Iterable[tuple[str, str]]) -> str:

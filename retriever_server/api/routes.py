@@ -1,4 +1,4 @@
-"""HTTP routes: ``POST /retrieve``, ``GET /health``, ``GET /metrics``."""
+"""HTTP routes: ``POST /retrieve``, ``POST /documents``, ``GET /health``, ``GET /metrics``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from retriever_server.api.schemas import ErrorMessage, Health, RetrieveRequest, RetrieveResponse
+from retriever_server.api.schemas import (
+    DocumentsRequest,
+    DocumentsResponse,
+    ErrorMessage,
+    Health,
+    RetrieveRequest,
+    RetrieveResponse,
+)
+from retriever_server.api.service import CorpusDocuments
 from retriever_server.api.state import ServiceDep, StateDep
 from retriever_server.identity import search_settings
 from retriever_server.redaction import without_paths
@@ -92,6 +100,15 @@ async def retrieve(req: RetrieveRequest, request: Request, state: StateDep, serv
     # The dicts already have the response's exact shape: skip re-validating thousands of nested models and
     # serialise with orjson (several times faster than json for these bodies).
     return Response(orjson.dumps({"result": result}), media_type="application/json")
+
+
+@router.post("/documents", response_model=DocumentsResponse, responses=RETRIEVE_ERRORS | {501: {"model": ErrorMessage}})
+async def documents(req: DocumentsRequest, service: ServiceDep) -> Response:
+    """The whole article of each document id (the ``open`` tool of the rollout), cut to ``max_chars`` characters."""
+    if not isinstance(service.documents, CorpusDocuments):
+        return JSONResponse({"detail": "this deployment serves no articles (sharded index)"}, status_code=501)
+    found = await asyncio.to_thread(service.documents.articles.articles, req.ids, req.max_chars)
+    return Response(orjson.dumps({"result": found}), media_type="application/json")
 
 
 @router.get("/health", response_model=Health, responses={503: {"model": Health}})

@@ -90,6 +90,44 @@ class RetrieveResponse(BaseModel):
     result: list[list[ScoredDocument]] | list[list[Document]]
 
 
+MAX_DOCUMENT_IDS = 64
+"""Most ids in one ``POST /documents`` request."""
+MAX_ARTICLE_CHARS = 100_000
+"""Largest ``max_chars`` of one ``POST /documents`` request."""
+
+
+class DocumentsRequest(BaseModel):
+    """``{"ids": [str], "max_chars": int}``: the articles of documents by id, each cut to ``max_chars`` characters."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ids: Annotated[
+        list[Annotated[StrictStr, Field(min_length=1, max_length=256)]],
+        Field(min_length=1, max_length=MAX_DOCUMENT_IDS),
+    ]
+    max_chars: Annotated[StrictInt, Field(ge=1, le=MAX_ARTICLE_CHARS), BeforeValidator(_whole_number)] = 4000
+
+
+class Article(BaseModel):
+    """A document's whole article: the run of corpus rows around it that share its title, in corpus order."""
+
+    id: str
+    """The id asked for."""
+    title: str
+    text: str
+    """The rows' texts joined by a space, cut to ``max_chars`` characters."""
+    passages: int
+    """Corpus rows the article spans."""
+    truncated: bool
+    """The text was cut to ``max_chars``."""
+
+
+class DocumentsResponse(BaseModel):
+    """One entry per id, in order: its article, or null for an id the corpus does not have."""
+
+    result: list[Article | None]
+
+
 class ErrorMessage(BaseModel):
     """Every error answer but 422 (whose ``detail`` is FastAPI's list of field errors)."""
 

@@ -9,6 +9,7 @@ from cachetools import LRUCache
 from retriever_server.api.batching import QueryBatcher
 from retriever_server.api.metrics import ServiceMetrics
 from retriever_server.index.corpus import Corpus
+from retriever_server.passages import split_contents
 
 Hit = tuple[int, float]
 """(corpus position, score)."""
@@ -31,6 +32,7 @@ class CorpusDocuments:
 
     def __init__(self, corpus: Corpus) -> None:
         self.corpus = corpus
+        self.articles = CorpusArticles(corpus)
 
     def __len__(self) -> int:
         return len(self.corpus)
@@ -38,6 +40,67 @@ class CorpusDocuments:
     async def rows(self, hits: list[list[Hit]]) -> list[list[Document]]:
         doc = self.corpus.document
         return [[doc(p) for p, _ in row] for row in hits]
+
+
+MAX_ARTICLE_ROWS = 2000
+"""Most corpus rows an article is looked for in, either side of the hit (a bound on one request's reads)."""
+
+
+def article(corpus: Corpus, position: int, max_chars: int) -> dict[str, object]:
+    """The article of the row at ``position``: the adjacent rows that share its title (wiki-18 splits an article into
+    consecutive 100-word passages), texts joined by a space and cut to ``max_chars`` characters. Rows are read
+    outward from the hit only while the text can still grow, so a long article costs ``max_chars``, not its size."""
+    title, _ = split_contents(corpus.store.contents(position))
+    first = position
+    while (
+        first > 0
+        and position - first < MAX_ARTICLE_ROWS
+        and split_contents(corpus.store.contents(first - 1))[0] == title
+    ):
+        first -= 1
+    texts, chars, row = [], 0, first
+    while row < len(corpus) and chars <= max_chars:
+        row_title, text = split_contents(corpus.store.contents(row))
+        if row_title != title:
+            break
+        texts.append(text)
+        chars += len(text) + 1
+        row += 1
+    while (
+        row < len(corpus) and row - first < MAX_ARTICLE_ROWS and split_contents(corpus.store.contents(row))[0] == title
+    ):
+        row += 1  # count the article's remaining rows (bounded)
+    text = " ".join(texts)
+    return {"title": title, "text": text[:max_chars], "passages": row - first, "truncated": len(text) > max_chars}
+
+
+class CorpusArticles:
+    """Articles by document id from a local corpus: an id equal to its row number (wiki-18's layout) is found
+    directly, any other through an id index built on first use."""
+
+    def __init__(self, corpus: Corpus) -> None:
+        self.corpus = corpus
+        self._positions: dict[str, int] | None = None
+
+    def position(self, doc_id: str) -> int | None:
+        """The row of ``doc_id``, or None."""
+        if (
+            doc_id.isascii()
+            and doc_id.isdigit()
+            and int(doc_id) < len(self.corpus)
+            and self.corpus.store.doc_id(int(doc_id)) == doc_id
+        ):
+            return int(doc_id)
+        if self._positions is None:
+            self._positions = {d: i for i, d in enumerate(self.corpus.ids)}
+        return self._positions.get(doc_id)
+
+    def articles(self, ids: list[str], max_chars: int) -> list[dict[str, object] | None]:
+        out: list[dict[str, object] | None] = []
+        for doc_id in ids:
+            pos = self.position(doc_id)
+            out.append(None if pos is None else {"id": doc_id, **article(self.corpus, pos, max_chars)})
+        return out
 
 
 class SearchService:

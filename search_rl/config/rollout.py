@@ -1,4 +1,4 @@
-"""The rollout side: the search loop (``RolloutConfig``), its retriever client and HF engine, and the training
+"""The rollout side: the search loop (``RolloutConfig``), its engines (``hf``, ``static``, ``vllm``), and the training
 rollout's extras (``TrainRolloutConfig``: samples per prompt, engine choice). Single-field checks live in
 ``__post_init__``; checks that need another component (the engine's context length) live in ``validate`` methods.
 Choice fields are plain ``str`` checked in ``__post_init__`` (OmegaConf structured configs accept no ``Literal``)."""
@@ -7,78 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from retriever_server.settings import DEFAULT_URL
-from search_rl.config.errors import ConfigError
-from search_rl.config.search_backends import RecordingConfig, SimulatedSearchConfig, WebSearchConfig, check_backend
+from search_rl.config.loading import ConfigError
+from search_rl.config.tools import ToolSpec, check_action_format, check_tool_entries
 
 ENGINES = ("auto", "hf", "static", "vllm")
 
 DEFAULT_MAX_TURNS = 4
 """Search turns per episode when the top-level ``max_turns`` is not set."""
-
-
-@dataclass
-class RetrieverClientConfig:
-    """How the rollout searches: the retriever service (``POST {url}/retrieve``) or another backend, and whether
-    each retrieval is recorded or replayed (docs/retriever.md, "Search backends")."""
-
-    backend: str = "http"
-    """Search backend: ``http`` (the retriever service at ``url``), ``web`` (a web search API, ``retriever.web``),
-    ``simulated`` (a language model writes the documents, ``retriever.simulated``) or ``replay`` (answers only from
-    the recording ``retriever.recording.path``)."""
-    url: str = DEFAULT_URL
-    """Base URL(s) of the retriever, comma-separated for several replicas (used round-robin, with failover).
-    A trailing ``/retrieve`` is accepted and stripped. Hydra needs the list quoted, and the shell needs that quote
-    kept: ``"retriever.url='http://a:8000,http://b:8000'"``."""
-    topk: int = 3
-    """Passages returned per query."""
-    timeout_s: float = 30.0
-    """Timeout of one HTTP request (connect, read, write and pool), in seconds."""
-    retry_window_s: float = 60.0
-    """How long a request is retried on connection errors, timeouts and 5xx/429 answers, in seconds from its first
-    attempt; the default outlasts a retriever restart (a dense server loads its index first). 0 = one attempt."""
-    max_retries: int | None = None
-    """Also stop after this many retries (``null`` = only ``retry_window_s`` limits them)."""
-    backoff_s: float = 0.5
-    """Wait before the first retry; doubled each further retry, capped at ``backoff_max_s``."""
-    backoff_max_s: float = 8.0
-    """Longest wait between two retries, in seconds."""
-    max_queries_per_request: int = 64
-    """Queries per HTTP request; larger batches are split into chunks sent concurrently."""
-    max_concurrency: int = 8
-    """Most requests in flight at once from one client."""
-    trust_env: bool = False
-    """Honour HTTP(S)_PROXY/NO_PROXY environment variables (off: the retriever is normally on a private network)."""
-    web: WebSearchConfig = field(default_factory=WebSearchConfig)
-    """Settings of ``backend=web``."""
-    simulated: SimulatedSearchConfig = field(default_factory=SimulatedSearchConfig)
-    """Settings of ``backend=simulated``."""
-    recording: RecordingConfig = field(default_factory=RecordingConfig)
-    """Record every retrieval to a SQLite file, or answer from one (any backend)."""
-
-    def __post_init__(self) -> None:
-        check_backend(self.backend, self.recording)
-        if not self.urls:
-            raise ValueError(f"retriever.url is empty; give at least one base URL such as {DEFAULT_URL}")
-        for name in ("topk", "max_queries_per_request", "max_concurrency"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"retriever.{name} must be >= 1, got {getattr(self, name)}")
-        if self.timeout_s <= 0:
-            raise ValueError(f"retriever.timeout_s must be > 0, got {self.timeout_s}")
-        if (self.max_retries or 0) < 0 or min(self.retry_window_s, self.backoff_s, self.backoff_max_s) < 0:
-            raise ValueError("retriever.retry_window_s, max_retries, backoff_s and backoff_max_s must be >= 0")
-
-    @property
-    def urls(self) -> list[str]:
-        """The base URLs, without trailing ``/`` or ``/retrieve``."""
-        out = []
-        for raw in self.url.split(","):
-            u = raw.strip().rstrip("/")
-            if u.endswith("/retrieve"):
-                u = u[: -len("/retrieve")]
-            if u:
-                out.append(u)
-        return out
 
 
 @dataclass
@@ -121,8 +56,16 @@ class RolloutConfig:
     and rejoins the running batch with its observation while the others keep decoding; HF engine only: refused with
     an engine named otherwise, turns and a warning where ``engine=auto`` chose another). On CPU with a fast retriever
     and no searches to overlap, both cost about the same per token (docs/rollout.md)."""
+    action_format: str = "tags"
+    """How the model calls tools and reads their results: ``tags`` (Search-R1's ``<search>``/``<answer>``, results in
+    ``<information>``) or ``chat_template`` (the model's own tool calls, ``<tool_call>{...}</tool_call>``, results as
+    ``role: tool`` messages; the prompts must list the tools). docs/tools.md."""
+    tools: list[ToolSpec] = field(default_factory=list)
+    """Tools besides ``search``: built-ins by name (``open``) or your classes (``entry_point``); docs/tools.md."""
 
     def __post_init__(self) -> None:
+        check_action_format(self.action_format)
+        check_tool_entries(self.tools)
         positive = ("max_prompt_tokens", "max_turn_tokens", "max_obs_tokens", "max_response_tokens", "max_query_chars")
         for name in positive:
             if getattr(self, name) < 1:

@@ -134,7 +134,7 @@ def diagnose(trajectory: Trajectory, golds: Sequence[str], result: RewardResult)
     return SearchDiagnosis(
         attempts=trajectory.stats.search_attempts,
         searches=trajectory.num_searches,
-        duplicates=duplicate_queries([c.query for c in trajectory.search_calls]),
+        duplicates=duplicate_queries([c.query for c in trajectory.search_calls if c.tool == "search"]),
         gold_retrieved=gold_retrieved,
         outcome=outcome,
         answer_words=None if answer is None else len(answer.split()),

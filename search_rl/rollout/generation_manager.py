@@ -7,11 +7,14 @@ tokens the policy never sampled. Here the response is built only by appending id
 
 One turn, for all still-active samples at once:
 1. the engine generates for the active samples only, each stopping right after ``</search>``, ``</answer>`` or EOS;
-2. the action is parsed from that turn's new text only (``actions.parse_action``);
-3. all search queries of the turn go to the retriever in one batched call;
-4. each sample gets its observation (passages, corrective feedback or retriever error), appended with mask 0.
-After ``search_turns`` search turns (``rollout.search_turns``: the top-level ``max_turns``, 0 without ``do_search``)
-comes one final turn in which search is off: the model must answer.
+2. the action is parsed from that turn's new text only, in the rollout's action format (``tools/``: Search-R1 tags by
+   default, or the model's chat-template tool calls);
+3. the turn's tool calls go to their tools through the tool seam (``tools.base.Tool``), a tool's calls together
+   (all search queries of the turn in one batched retriever call);
+4. each sample gets its observation (passages, a tool's answer, corrective feedback or an error), appended with
+   mask 0, whatever tool produced it.
+After ``search_turns`` tool turns (``rollout.search_turns``: the top-level ``max_turns``, 0 without ``do_search``)
+comes one final turn in which tools are off: the model must answer.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol, runtime_checkable
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -30,7 +32,6 @@ from search_rl.batches import PromptBatch
 from search_rl.config import RolloutConfig
 from search_rl.datatypes import (
     Generated,
-    Passage,
     RolloutResult,
     SamplingParams,
     SearchCall,
@@ -39,27 +40,28 @@ from search_rl.datatypes import (
     Trajectory,
     TrajectoryStats,
 )
-from search_rl.rollout.actions import is_search_attempt, parse_action
-from search_rl.rollout.backends import RetrieverClient, RetrieverError, meter_metrics, meter_of
+from search_rl.rollout.backends import RetrieverClient, meter_metrics, meter_of
 from search_rl.rollout.engines.base import RolloutEngine, SessionEngine
-from search_rl.rollout.observations import Observation, ObservationBuilder
+from search_rl.rollout.engines.choice import schedule_that_runs
+from search_rl.rollout.observations import Observation
+from search_rl.rollout.tools import (
+    ActionFormat,
+    BatchTool,
+    KeyedRetriever,
+    Retriever,
+    Tool,
+    ToolCall,
+    ToolResult,
+    build_format,
+    build_tools,
+    describe_call,
+    join_observations,
+)
 from search_rl.seeds import sample_seed, turn_seed
-from search_rl.tags import RETRIEVER_ERROR_TEXT, STOP_STRINGS
 
 logger = logging.getLogger(__name__)
 
-
-class Retriever(Protocol):
-    """What the loop needs from a search backend (``RetrieverClient`` is the HTTP one)."""
-
-    async def search(self, queries: Sequence[str], topk: int | None = None) -> list[list[Passage]]: ...
-
-
-@runtime_checkable
-class KeyedRetriever(Protocol):
-    """A retriever whose answers have recording keys (``RecordingRetriever``); search calls point to them."""
-
-    def retrieval_keys(self, queries: Sequence[str], topk: int | None = None) -> list[str]: ...
+__all__ = ["KeyedRetriever", "LLMGenerationManager", "Retriever"]
 
 
 @dataclass
@@ -75,6 +77,10 @@ class _Sample:
     stats: TrajectoryStats = field(default_factory=TrajectoryStats)
     answer: str | None = None
     stop: StopReason | None = None
+    eos: bool = False
+    """The last model turn ended with EOS (the chat template's end-of-message text was sampled)."""
+    tool_calls: int = 0
+    tool_errors: int = 0
 
     @property
     def done(self) -> bool:
@@ -85,17 +91,24 @@ class _Sample:
 
 
 class LLMGenerationManager:
-    """Runs search-augmented rollouts with an engine, a tokenizer and a retriever.
+    """Runs tool-augmented rollouts (search first of all) with an engine, a tokenizer and a retriever.
 
     Args:
         engine: any ``RolloutEngine`` (HF, static or vLLM).
         tokenizer: the policy's tokenizer (decodes turns for parsing, encodes observations).
-        retriever: the search backend; may be None only when search is off.
-        cfg: turns, budgets, sampling, failure policy. Budgets are checked against the engine's context here.
+        retriever: the search backend (the ``search`` tool); may be None only when search is off.
+        cfg: turns, budgets, sampling, failure policy, action format and the tools it declares
+            (``rollout.tools``). Budgets are checked against the engine's context here.
+        tools: further tools, built by the caller (after those of ``cfg.tools``).
     """
 
     def __init__(
-        self, engine: RolloutEngine, tokenizer: PreTrainedTokenizerBase, retriever: Retriever | None, cfg: RolloutConfig
+        self,
+        engine: RolloutEngine,
+        tokenizer: PreTrainedTokenizerBase,
+        retriever: Retriever | None,
+        cfg: RolloutConfig,
+        tools: Sequence[Tool] = (),
     ) -> None:
         cfg.validate(engine.max_model_len)
         if cfg.search_turns > 0 and retriever is None:
@@ -104,11 +117,12 @@ class LLMGenerationManager:
                 "given"
             )
         self.engine, self.tokenizer, self.retriever, self.cfg = engine, tokenizer, retriever, cfg
-        self.obs = ObservationBuilder(tokenizer)
-        if cfg.max_obs_tokens < self.obs.min_tokens + 8:
+        self.tools: dict[str, Tool] = {t.name: t for t in build_tools(cfg, retriever, tools)}
+        self.format: ActionFormat = build_format(cfg, tokenizer, list(self.tools.values()))
+        if cfg.max_obs_tokens < self.format.min_obs_tokens + 8:
             raise ValueError(
                 f"rollout.max_obs_tokens={cfg.max_obs_tokens} leaves no room for passage text next to the "
-                f"{self.obs.min_tokens} tokens of the <information> tags; raise it"
+                f"{self.format.min_obs_tokens} tokens that frame an observation; raise it"
             )
 
     def roll_out(self, prompts: PromptBatch, *, greedy: bool, seed: int | None) -> RolloutResult:
@@ -170,13 +184,13 @@ class LLMGenerationManager:
             start = time.perf_counter()
             gens = self._generate_turn(active, turn, greedy, seed)
             timing["generate"] += time.perf_counter() - start
-            searches: list[tuple[_Sample, str]] = []
+            pending: list[tuple[_Sample, tuple[ToolCall, ...]]] = []
             for s, g in zip(active, gens, strict=True):
-                query = self._take_turn(s, g, final=turn == search_turns)
-                if query is not None:
-                    searches.append((s, query))
+                calls = self._take_turn(s, g, final=turn == search_turns)
+                if calls is not None:
+                    pending.append((s, calls))
             start = time.perf_counter()
-            await self._search(searches)
+            await self._call_tools(pending)
             timing["retrieve"] += time.perf_counter() - start
 
     async def _continuous(
@@ -187,8 +201,9 @@ class LLMGenerationManager:
         greedy: bool | None,
         seed: int | None,
     ) -> None:
-        """Continuous batching: a sample that stops at ``</search>`` is searched while the others keep decoding (the
-        decode step runs in a worker thread, the searches on this event loop) and rejoins with its observation.
+        """Continuous batching: a sample that stops at a tool call (``</search>``) is answered while the others keep
+        decoding (the decode step runs in a worker thread, the tools on this event loop) and rejoins with its
+        observation.
         Sample ``i``'s turn ``t`` samples from seed ``sample_seed(turn_seed(seed, t), i)``, whatever else runs."""
         search_turns = self.cfg.search_turns
         seed = self.cfg.seed if seed is None else seed
@@ -217,17 +232,17 @@ class LLMGenerationManager:
                 else:  # every remaining sample waits for the retriever
                     finished = []
                     await asyncio.wait(searching, return_when=asyncio.FIRST_COMPLETED)
-                searches: list[tuple[_Sample, str]] = []
+                pending: list[tuple[_Sample, tuple[ToolCall, ...]]] = []
                 keys: list[int] = []
                 for i, g in finished:
-                    query = self._take_turn(samples[i], g, final=turn[i] == search_turns)
-                    if query is not None:
-                        searches.append((samples[i], query))
+                    calls = self._take_turn(samples[i], g, final=turn[i] == search_turns)
+                    if calls is not None:
+                        pending.append((samples[i], calls))
                         keys.append(i)
                     else:
                         next_turn(i)
-                if searches:
-                    searching[asyncio.create_task(self._timed_search(searches))] = keys
+                if pending:
+                    searching[asyncio.create_task(self._timed_calls(pending))] = keys
                 for task in [t for t in searching if t.done()]:
                     timing["retrieve"] += task.result()  # raises the search's error, if any
                     for i in searching.pop(task):
@@ -236,10 +251,10 @@ class LLMGenerationManager:
             for task in searching:
                 task.cancel()
 
-    async def _timed_search(self, searches: list[tuple[_Sample, str]]) -> float:
-        """``_search``, returning its seconds."""
+    async def _timed_calls(self, pending: list[tuple[_Sample, tuple[ToolCall, ...]]]) -> float:
+        """``_call_tools``, returning its seconds."""
         start = time.perf_counter()
-        await self._search(searches)
+        await self._call_tools(pending)
         return time.perf_counter() - start
 
     def _start(self, index: int, prompt: Sequence[int]) -> _Sample:
@@ -272,68 +287,85 @@ class LLMGenerationManager:
             top_p=cfg.top_p,
             top_k=cfg.top_k,
             greedy=cfg.greedy if greedy is None else greedy,
-            stop=STOP_STRINGS,
+            stop=self.format.stop,
             seed=turn_seed(seed, turn),
         )
 
-    def _take_turn(self, s: _Sample, g: Generated, *, final: bool) -> str | None:
-        """Append the turn's sampled ids (mask 1), act on its action; return the query if it must be searched."""
+    def _take_turn(self, s: _Sample, g: Generated, *, final: bool) -> tuple[ToolCall, ...] | None:
+        """Append the turn's sampled ids (mask 1), act on its action; return the tool calls it made, if any."""
         text = self._decode(g.token_ids)
         start = len(s.ids)
         s.ids += g.token_ids
         s.mask += [1] * len(g.token_ids)
         s.logprobs += g.logprobs if g.logprobs is not None else [0.0] * len(g.token_ids)
         s.segments.append(Segment("model", start, len(s.ids), text))
+        s.eos = g.finish_reason == "eos"
         s.count(turns=1)
-        action = parse_action(text, max_query_chars=self.cfg.max_query_chars)
-        if is_search_attempt(text, action):
+        action = self.format.parse(text)
+        if action.search_attempt:
             s.count(search_attempts=1)
         if action.kind == "answer":
-            s.count(valid_actions=1)
-            s.answer, s.stop = action.content, "answer"
-            s.stats = replace(s.stats, finished=True)
+            s.count(**({"valid_actions": 1} if action.answer is not None else {"invalid_actions": 1}))
+            s.answer, s.stop = action.answer, "answer"
+            s.stats = replace(s.stats, finished=action.answer is not None)
             return None
-        if final:  # search is off in the final turn: a search here is as invalid as no action
+        if final:  # tools are off in the final turn: a call here is as invalid as no action
             s.count(invalid_actions=1)
             s.stop = "max_turns"
             return None
         if len(s.ids) >= self.cfg.max_response_tokens:
             self._budget_spent(s)
             return None
-        if action.kind == "search":
-            s.count(valid_actions=1)
-            return action.content
+        if action.kind == "call":
+            s.count(**({"valid_actions": 1} if any(c.error is None for c in action.calls) else {"invalid_actions": 1}))
+            return action.calls
         s.count(invalid_actions=1)
-        self._insert(s, self.obs.feedback(action.feedback or "", self.cfg.max_response_tokens - len(s.ids)))
+        self._insert(s, self.format.feedback(action.feedback or "", self.cfg.max_response_tokens - len(s.ids)))
         return None
 
-    async def _search(self, searches: list[tuple[_Sample, str]]) -> None:
-        """One batched retriever call for the turn's queries, then one observation per searching sample."""
-        if not searches:
+    async def _call_tools(self, pending: list[tuple[_Sample, tuple[ToolCall, ...]]]) -> None:
+        """Answer every call of the turn (each tool's calls together), then give each sample its observation."""
+        if not pending:
             return
-        assert self.retriever is not None  # guaranteed by __init__ when search turns exist
-        for s, _ in searches:
-            s.count(searches=1)
-        try:
-            results: list[list[Passage]] | None = await self.retriever.search([q for _, q in searches])
-        except RetrieverError:
-            if self.cfg.on_retriever_error == "raise":
-                raise
-            logger.warning("retriever failed for %d queries; inserting error observations", len(searches))
-            results = None
-        keyed = self.retriever if isinstance(self.retriever, KeyedRetriever) else None
-        keys = keyed.retrieval_keys([q for _, q in searches]) if keyed is not None else [None] * len(searches)
-        for i, (s, query) in enumerate(searches):
-            room = min(self.cfg.max_obs_tokens, self.cfg.max_response_tokens - len(s.ids))
-            if results is None:
-                s.count(retriever_errors=1)
-                obs = self.obs.text(RETRIEVER_ERROR_TEXT, room)
+        for s, cs in pending:
+            s.count(searches=sum(c.name == "search" and c.error is None for c in cs))
+        results = iter(await self._run([c for _, cs in pending for c in cs]))
+        for s, cs in pending:
+            self._observe(s, cs, [next(results) for _ in cs])
+
+    async def _run(self, calls: list[ToolCall]) -> list[ToolResult]:
+        """The result of each call, in order: an error result for a malformed call, else its tool's answer."""
+        out: list[ToolResult | None] = [None if c.error is None else ToolResult(c.error, failed=True) for c in calls]
+        by_tool: dict[str, list[int]] = {}
+        for i, c in enumerate(calls):
+            if c.error is None:
+                by_tool.setdefault(c.name, []).append(i)
+
+        async def answer(name: str, where: list[int]) -> None:
+            tool, arguments = self.tools[name], [calls[i].arguments for i in where]
+            if isinstance(tool, BatchTool):
+                results = await tool.call_batch(arguments)
             else:
-                obs = self.obs.passages(results[i], room)
-            passages = obs.passages if obs else ()
-            key = keys[i] if results is not None else None  # a failed search has no entry
-            s.calls.append(SearchCall(query, passages, failed=results is None, retrieval_key=key))
-            self._insert(s, obs)
+                results = list(await asyncio.gather(*(tool.call(a) for a in arguments)))
+            for i, r in zip(where, results, strict=True):
+                out[i] = r
+
+        await asyncio.gather(*(answer(name, where) for name, where in by_tool.items()))
+        return [r for r in out if r is not None]
+
+    def _observe(self, s: _Sample, calls: tuple[ToolCall, ...], results: list[ToolResult]) -> None:
+        """Record the sample's calls and insert the observation of their results (mask 0)."""
+        room = min(self.cfg.max_obs_tokens, self.cfg.max_response_tokens - len(s.ids))
+        shown = self.format.results(results, [c.name for c in calls], room, eos_sampled=s.eos)
+        s.tool_calls += len(calls)
+        s.tool_errors += sum(r.failed for r in results)
+        for i, (c, r) in enumerate(zip(calls, results, strict=True)):
+            if r.unavailable:
+                s.count(retriever_errors=1)
+            if c.error is None:
+                passages = shown[i].passages if shown is not None else ()
+                s.calls.append(SearchCall(describe_call(c), passages, r.failed, r.retrieval_key, tool=c.name))
+        self._insert(s, None if shown is None else join_observations(shown))
 
     def _insert(self, s: _Sample, obs: Observation | None) -> None:
         """Append an observation with mask 0; end the episode when it does not fit or leaves no room to answer."""
@@ -386,6 +418,8 @@ class LLMGenerationManager:
             "rollout/model_tokens_mean": model_tokens / n,
             "rollout/mask_coverage": model_tokens / max(response_tokens, 1),
             "rollout/retriever_errors": float(sum(st.retriever_errors for st in stats)),
+            "rollout/tool_calls": float(sum(s.tool_calls for s in samples)),
+            "rollout/tool_errors": float(sum(s.tool_errors for s in samples)),
             "rollout/truncated_prompt_tokens": float(sum(st.prompt_tokens_truncated for st in stats)),
             "rollout/truncated_obs_tokens": float(sum(st.obs_tokens_truncated for st in stats)),
             "rollout/dropped_passages": float(sum(st.obs_passages_dropped for st in stats)),
@@ -398,27 +432,3 @@ class LLMGenerationManager:
         for reason in ("answer", "max_turns", "max_response_tokens"):
             metrics[f"rollout/stop_{reason}"] = sum(s.stop == reason for s in samples) / n
         return metrics
-
-
-def _sessions_work(engine: SessionEngine) -> bool:
-    """Whether ``engine`` can open sessions for its model (an engine may say so with ``supports_sessions``)."""
-    return bool(getattr(engine, "supports_sessions", True))
-
-
-_fell_back: set[str] = set()
-"""Engine classes this process has said run ``schedule=continuous`` as turns (said once each)."""
-
-
-def schedule_that_runs(schedule: str, engine: object) -> str:
-    """The schedule the loop runs for ``rollout.schedule`` on ``engine``: ``continuous`` needs an engine whose decode
-    sessions work for its model, else the loop runs ``turns`` and says so once per engine class (config resolution
-    already refuses or warns about engines without sessions; this catches a model whose cache cannot hold them)."""
-    if schedule != "continuous" or (isinstance(engine, SessionEngine) and _sessions_work(engine)):
-        return schedule
-    name = type(engine).__name__
-    if name not in _fell_back:
-        _fell_back.add(name)
-        logger.warning(
-            "rollout.schedule=continuous: %s cannot open decode sessions for this model; rollouts run in turns", name
-        )
-    return "turns"

@@ -41,6 +41,19 @@ class Observation:
     passages: tuple[Passage, ...] = ()
 
 
+def join_observations(observations: Sequence[Observation]) -> Observation:
+    """Several observations inserted as one (a turn's tool messages): ids and text concatenated, counts summed."""
+    if len(observations) == 1:
+        return observations[0]
+    return Observation(
+        ids=tuple(i for o in observations for i in o.ids),
+        text="".join(o.text for o in observations),
+        tokens_truncated=sum(o.tokens_truncated for o in observations),
+        passages_dropped=sum(o.passages_dropped for o in observations),
+        passages=tuple(p for o in observations for p in o.passages),
+    )
+
+
 def water_fill(lengths: Sequence[int], budget: int) -> list[int]:
     """Largest per-item allowances with sum <= ``budget``: short items keep everything, long ones share the rest.
 
@@ -58,12 +71,24 @@ def water_fill(lengths: Sequence[int], budget: int) -> list[int]:
 
 
 class ObservationBuilder:
-    """Encodes observations for one tokenizer, caching the ids of the fixed pieces."""
+    """Encodes observations for one tokenizer, caching the ids of the fixed pieces.
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
-        self.tokenizer = tokenizer
-        self._prefix = self._encode(OBS_PREFIX)
-        self._suffix = self._encode(OBS_SUFFIX)
+    ``prefix`` and ``suffix`` frame every observation (Search-R1's ``<information>`` tags by default; the chat
+    template format frames a tool message with the template's own text around its content). ``show_ids`` adds each
+    passage's id to its header (when the ``open`` tool can open it).
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        prefix: str = OBS_PREFIX,
+        suffix: str = OBS_SUFFIX,
+        *,
+        show_ids: bool = False,
+    ) -> None:
+        self.tokenizer, self.show_ids = tokenizer, show_ids
+        self._prefix = self._encode(prefix)
+        self._suffix = self._encode(suffix)
         self._sep = self._encode(DOC_SEPARATOR)
 
     def _encode(self, text: str) -> list[int]:
@@ -100,7 +125,9 @@ class ObservationBuilder:
         """
         if not passages:
             return self.text(NO_RESULTS_TEXT, max_tokens)
-        heads = [self._encode(doc_header(i + 1, p.title)) for i, p in enumerate(passages)]
+        heads = [
+            self._encode(doc_header(i + 1, p.title, p.id if self.show_ids else None)) for i, p in enumerate(passages)
+        ]
         bodies = [self._encode(" " + p.text) for p in passages]
         n = len(passages)
         while n > 0 and self.min_tokens + sum(len(h) for h in heads[:n]) + len(self._sep) * (n - 1) > max_tokens:

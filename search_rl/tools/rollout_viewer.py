@@ -124,7 +124,8 @@ def retrieval_text(record: dict[str, Any], recording: RecordingStore | None = No
     for i, call in enumerate(calls, 1):
         key = call.get("retrieval_key")
         where = f"entry {key}" if key else "not recorded"
-        out.append(f"search {i}: {call.get('query')!r} · {'FAILED · ' if call.get('failed') else ''}{where}\n")
+        tool = call.get("tool", "search")  # records name a tool only when it is not search
+        out.append(f"{tool} {i}: {call.get('query')!r} · {'FAILED · ' if call.get('failed') else ''}{where}\n")
         entry = stored.get(key) if key else None
         if recording is not None and key and entry is None:
             out.append(f"  (not in {recording.path})\n", style="red")

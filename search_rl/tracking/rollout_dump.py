@@ -18,7 +18,8 @@ records to ``trajectories.jsonl``). One record per trajectory:
 ``stats``           turns, searches, search attempts, valid/invalid actions, truncations, retriever errors
 ``search_calls``    ``[{"query", "passage_ids", "failed", "retrieval_key"}]``: each query sent, the ids of the passages
                     shown for it, and its entry in the run's retrieval recording (null when not recorded;
-                    ``python -m search_rl.tools.recordings show FILE KEY``)
+                    ``python -m search_rl.tools.recordings show FILE KEY``); a call of another tool adds ``"tool"``
+                    (its name; absent means ``search``, so records of search-only runs are unchanged)
 ``outcome``         ``correct``, ``no_answer``, ``wrong_no_search``, ``retrieval_missed`` or ``read_wrong``;
                     ``gold_retrieved``: a gold answer was in a passage shown (``search_rl.reward.search_stats``);
                     ``answer_source`` (read wrong only, else null): ``gold_passage``, ``other_passage``, ``not_shown``
@@ -105,6 +106,7 @@ def trajectory_record(
                 "passage_ids": [p.id for p in c.passages],
                 "failed": c.failed,
                 "retrieval_key": c.retrieval_key,
+                **({"tool": c.tool} if c.tool != "search" else {}),
             }
             for c in traj.search_calls
         ],

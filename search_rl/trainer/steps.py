@@ -23,6 +23,8 @@ from search_rl.datatypes import RolloutResult, Trajectory
 SUMMED_ROLLOUT_METRICS = frozenset(
     {
         "rollout/retriever_errors",
+        "rollout/tool_calls",
+        "rollout/tool_errors",
         "rollout/retriever_retries",
         "rollout/truncated_prompt_tokens",
         "rollout/truncated_obs_tokens",

@@ -1,4 +1,5 @@
-"""HTTP client of the retriever service: ``POST {url}/retrieve`` with timeouts, retries, chunking and failover.
+"""HTTP client of the retriever service: ``POST {url}/retrieve`` with timeouts, retries, chunking and failover; also
+``POST {url}/documents`` (whole articles, the ``open`` tool) through the same retries.
 
 One shared ``httpx.AsyncClient`` per event loop; large query batches are split into chunks sent concurrently under a
 semaphore; each chunk starts at the next URL (round-robin) and a retry moves to the following URL (failover).
@@ -16,8 +17,8 @@ import itertools
 import logging
 import time
 from collections import Counter
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import httpx
 
@@ -28,6 +29,7 @@ from search_rl.datatypes import Passage
 logger = logging.getLogger(__name__)
 
 _RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+T = TypeVar("T")
 
 
 def retry_after_s(header: str | None) -> float | None:
@@ -163,10 +165,34 @@ class RetrieverClient:
             self.wait_s += time.perf_counter() - start
         return [row for part in parts for row in part]
 
+    async def documents(self, ids: Sequence[str], max_chars: int) -> list[Passage | None]:
+        """The whole article of each document id (``POST {url}/documents``; the ``open`` tool), None for an id the
+        corpus does not have; retried and failed over like a search.
+
+        Raises:
+            RetrieverError: the request still fails at the end of ``cfg.retry_window_s``, or the answer is malformed.
+        """
+        if not ids:
+            return []
+        client, sem = self._session()
+        payload = {"ids": list(ids), "max_chars": max_chars}
+        return await self._post(client, sem, "documents", payload, lambda r, url: _parse_articles(r, len(ids), url))
+
     async def _post_chunk(
         self, client: httpx.AsyncClient, sem: asyncio.Semaphore, queries: list[str], topk: int
     ) -> list[list[Passage]]:
         payload = {"queries": queries, "topk": topk, "return_scores": True}
+        return await self._post(client, sem, "retrieve", payload, lambda r, url: _parse_response(r, len(queries), url))
+
+    async def _post(
+        self,
+        client: httpx.AsyncClient,
+        sem: asyncio.Semaphore,
+        path: str,
+        payload: dict[str, Any],
+        parse: Callable[[httpx.Response, str], T],
+    ) -> T:
+        """POST ``payload`` to ``{url}/{path}`` with the retries and failover of the module docstring."""
         first = next(self._rr)
         start = time.monotonic()
         attempt, last_problem = 0, ""
@@ -176,16 +202,16 @@ class RetrieverClient:
             self.requests_by_url[url] += 1
             try:
                 async with sem:
-                    resp = await client.post(f"{url}/retrieve", json=payload)
+                    resp = await client.post(f"{url}/{path}", json=payload)
             except httpx.TransportError as e:
                 last_problem = describe_failure(e, self.cfg.timeout_s)
             else:
                 if resp.status_code < 400:
-                    return _parse_response(resp, len(queries), url)
+                    return parse(resp, url)
                 if resp.status_code not in _RETRYABLE_STATUS:
                     self.failures += 1
                     raise RetrieverError(
-                        f"retriever {url}/retrieve answered HTTP {resp.status_code}: {resp.text[:300]}", url
+                        f"retriever {url}/{path} answered HTTP {resp.status_code}: {resp.text[:300]}", url
                     )
                 last_problem = f"HTTP {resp.status_code}: {resp.text[:200]}"
                 server_wait = retry_after_s(resp.headers.get("retry-after"))
@@ -199,7 +225,7 @@ class RetrieverClient:
         self.failures += 1
         raise RetrieverError(
             f"retriever request failed after {attempt + 1} attempt(s) in {time.monotonic() - start:.1f} s "
-            f"(retriever.retry_window_s={self.cfg.retry_window_s:g}), last at {url}/retrieve ({last_problem}). "
+            f"(retriever.retry_window_s={self.cfg.retry_window_s:g}), last at {url}/{path} ({last_problem}). "
             f"Is the retriever running? {start_hint(url)}",
             url,
         )
@@ -267,3 +293,14 @@ def _parse_response(resp: httpx.Response, n_queries: int, url: str) -> list[list
         ]
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise RetrieverError(f"retriever {url}/retrieve sent a malformed answer ({e}): {resp.text[:300]}", url) from e
+
+
+def _parse_articles(resp: httpx.Response, n_ids: int, url: str) -> list[Passage | None]:
+    """Validate and convert ``{"result": [{"id", "title", "text", ...} | null, ...]}``."""
+    try:
+        result = resp.json()["result"]
+        if not isinstance(result, list) or len(result) != n_ids:
+            raise ValueError(f"expected {n_ids} articles, got {len(result) if isinstance(result, list) else result!r}")
+        return [None if a is None else Passage(str(a["id"]), str(a["title"]), str(a["text"])) for a in result]
+    except (ValueError, KeyError, TypeError) as e:
+        raise RetrieverError(f"retriever {url}/documents sent a malformed answer ({e}): {resp.text[:300]}", url) from e

@@ -1,0 +1,119 @@
+"""Building a rollout's tools and action format from its config: ``search`` over the search backend, the built-in
+``open``, and the classes ``rollout.tools`` names by entry point (``Class(**settings)``, checked like any tool).
+
+``check_tool_specs`` runs when the config is resolved, before Ray starts, so a wrong entry fails in a second with
+its position and name; the workers build the same tools again with ``build_tools``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from search_rl.config import ConfigError, RolloutConfig
+from search_rl.config.tools import ToolSpec
+from search_rl.registry import Registry
+from search_rl.rollout.tools.base import ActionFormat, Tool, check_tool, function_schema
+from search_rl.rollout.tools.open import DocumentSource, OpenTool
+from search_rl.rollout.tools.search import Retriever, SearchTool
+
+KEY = "actor_rollout_ref.rollout.tools"
+_CLASSES: Registry[Any] = Registry("tool class")
+
+
+def _where(i: int, spec: ToolSpec) -> str:
+    return f"{KEY}[{i}] ({spec.name})"
+
+
+def _instantiate(i: int, spec: ToolSpec, retriever: Retriever | None, cfg: RolloutConfig | None) -> Tool:
+    """Build entry ``i``; a built-in ``open`` over ``retriever`` (None: only its settings are checked)."""
+    where = _where(i, spec)
+    if not spec.entry_point:  # a built-in (config.tools.BUILTIN_TOOLS)
+        on_error = cfg.on_retriever_error if cfg is not None else "raise"
+        source = retriever if isinstance(retriever, DocumentSource) else None
+        if retriever is not None and source is None:
+            raise ConfigError(
+                f"{where}: the search backend {type(retriever).__name__} serves no documents; open needs the "
+                "retriever service (retriever.backend=http, no recording)"
+            )
+        factory: Any = lambda **kw: OpenTool(source, on_error=on_error, **kw)  # noqa: E731
+    else:
+        try:
+            factory = _CLASSES.get(spec.entry_point)
+        except (ImportError, AttributeError) as e:
+            raise ConfigError(f"{where}: entry_point {spec.entry_point!r} cannot be imported: {e}") from e
+    try:
+        tool = factory(**dict(spec.settings))
+    except TypeError as e:
+        raise ConfigError(f"{where}: settings {dict(spec.settings)} do not fit the tool's constructor: {e}") from e
+    try:
+        check_tool(tool, where)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(str(e)) from e
+    if tool.name != spec.name:
+        raise ConfigError(f"{where}: the class calls itself {tool.name!r}; name the entry {tool.name!r}")
+    return tool
+
+
+def check_tool_specs(specs: Sequence[ToolSpec], search_backend: str | None = None) -> None:
+    """Import and build every entry of ``rollout.tools`` once, and check its declaration.
+
+    Args:
+        specs: ``rollout.tools``.
+        search_backend: ``retriever.backend`` when known (``open`` needs ``http``).
+
+    Raises:
+        ConfigError: an entry point that cannot be imported, settings its constructor refuses, a declaration a
+            chat template could not use, or ``open`` without the retriever service; the message names the entry.
+    """
+    for i, spec in enumerate(specs):
+        _instantiate(i, spec, None, None)
+        if not spec.entry_point and search_backend not in (None, "http"):
+            raise ConfigError(
+                f"{_where(i, spec)}: open reads documents from the retriever service, and retriever.backend is "
+                f"{search_backend}; use retriever.backend=http or drop the tool"
+            )
+
+
+def build_tools(cfg: RolloutConfig, retriever: Retriever | None, extra: Sequence[Tool] = ()) -> list[Tool]:
+    """The rollout's tools: ``search`` (when there is a retriever), then ``cfg.tools`` in order, then ``extra``.
+
+    Raises:
+        ConfigError: as ``check_tool_specs``; two tools with one name.
+    """
+    tools: list[Tool] = []
+    if retriever is not None:
+        tools.append(SearchTool(retriever, cfg.on_retriever_error, cfg.max_query_chars))
+    tools += [_instantiate(i, spec, retriever, cfg) for i, spec in enumerate(cfg.tools)]
+    for tool in extra:
+        check_tool(tool, f"tool {getattr(tool, 'name', tool)!r}")
+        tools.append(tool)
+    names = [t.name for t in tools]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"two tools share a name: {names}")
+    return tools
+
+
+def tool_schemas(cfg: RolloutConfig, search: bool = True) -> list[dict[str, Any]]:
+    """The function declarations of the rollout's tools (``search`` first when ``search``), for the prompt of the
+    ``chat_template`` format (``chat_format.encode_tool_prompt``); built without a backend.
+
+    >>> [s["function"]["name"] for s in tool_schemas(RolloutConfig())]
+    ['search']
+    """
+    tools: list[Tool] = [SearchTool(None)] if search else []  # type: ignore[arg-type]  # the schema needs no backend
+    tools += [_instantiate(i, spec, None, cfg) for i, spec in enumerate(cfg.tools)]
+    return [function_schema(t) for t in tools]
+
+
+def build_format(cfg: RolloutConfig, tokenizer: PreTrainedTokenizerBase, tools: Sequence[Tool]) -> ActionFormat:
+    """The action format ``cfg.action_format`` names, over ``tools``."""
+    if cfg.action_format == "chat_template":
+        from search_rl.rollout.tools.chat_format import ChatTemplateFormat
+
+        return ChatTemplateFormat(tokenizer, tools)
+    from search_rl.rollout.tools.tag_format import TagFormat
+
+    return TagFormat(tokenizer, tools, cfg.max_query_chars)
