@@ -32,6 +32,7 @@ from search_rl.launch import build_run_tracker, make_group, run_main, worker_ses
 from search_rl.models import load_tokenizer, model_context_length
 from search_rl.prompt_data import PromptDataset, PromptLoader, read_rows
 from search_rl.rollout.backends import build_retriever, write_backend_manifest
+from search_rl.rollout.tools import prompt_tools
 from search_rl.tracking import RolloutDumper, Tracker
 from search_rl.trainer.checkpoint import CheckpointManager
 from search_rl.trainer.collect import AsyncCollector, Collector, RolloutSource, SyncCollector
@@ -71,14 +72,15 @@ def prepare(cfg: PPOConfig, config_dict: dict[str, Any] | None = None) -> Prepar
         retriever = build_retriever(cfg.retriever)
         retriever.check_reachable()
         write_backend_manifest(Path(cfg.trainer.default_local_dir) / "retrieval.json", cfg.retriever, retriever)
+    tools = prompt_tools(rollout.search_loop_config(), tokenizer)
     train = PromptDataset(
-        read_rows(cfg.data.train_files), tokenizer, rollout.max_prompt_tokens, cfg.data.filter_overlong_prompts
+        read_rows(cfg.data.train_files), tokenizer, rollout.max_prompt_tokens, cfg.data.filter_overlong_prompts, tools
     )
     loader = PromptLoader(train, cfg.data.train_batch_size, cfg.n_samples, cfg.data.shuffle, cfg.trainer.seed)
     val_batch = None
     if cfg.data.val_files and cfg.trainer.test_freq > 0:
         val = PromptDataset(
-            read_rows(cfg.data.val_files), tokenizer, rollout.max_prompt_tokens, cfg.data.filter_overlong_prompts
+            read_rows(cfg.data.val_files), tokenizer, rollout.max_prompt_tokens, cfg.data.filter_overlong_prompts, tools
         )
         val_batch = val.batch(val.subset_indices(cfg.data.val_max_samples, cfg.data.val_seed))
     return Prepared(tokenizer, loader, val_batch, build_run_tracker(cfg.trainer, config_dict))

@@ -194,18 +194,31 @@ def read_rows(files: Sequence[str]) -> list[PromptRow]:
     return rows
 
 
-def encode_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping[str, str]]) -> list[int]:
+def encode_prompt(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[Mapping[str, str]],
+    tools: Sequence[Mapping[str, Any]] | None = None,
+) -> list[int]:
     """Chat messages (the parquet ``prompt`` column) → the token ids a rollout starts from: the tokenizer's chat
     template with the assistant generation prompt; plain text if it has none.
 
+    ``tools`` (function declarations, ``rollout.tools.tool_schemas``) are listed by the template, as
+    ``apply_chat_template(tools=...)`` renders them: the prompt of ``rollout.action_format=chat_template``.
+
     The rollout appends the model's tokens right after these ids, so the template must end where the assistant's
     turn begins (``add_generation_prompt=True``).
+
+    Raises:
+        ValueError: ``tools`` given to a tokenizer without a chat template.
     """
     msgs = [dict(m) for m in messages]
     if getattr(tokenizer, "chat_template", None):
-        out: Any = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        listed = {} if tools is None else {"tools": [dict(t) for t in tools]}
+        out: Any = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, **listed)
         ids = out["input_ids"] if hasattr(out, "keys") else out  # transformers v5 returns a BatchEncoding
         return [int(i) for i in ids]
+    if tools is not None:
+        raise ValueError("the prompt lists tools, which needs a tokenizer with a chat template; this one has none")
     text = "\n".join(m["content"] for m in msgs) + "\n"
     return [int(i) for i in tokenizer.encode(text, add_special_tokens=False)]
 
@@ -218,14 +231,21 @@ class PromptDataset:
         tokenizer: the policy's tokenizer.
         max_prompt_tokens: longest prompt allowed.
         drop_overlong: drop longer prompts (logged) instead of raising.
+        tools: function declarations the template lists in every prompt (``rollout.tools.prompt_tools``: the
+            ``chat_template`` action format); None for Search-R1's tags, whose protocol is in the prompt's text.
     """
 
     def __init__(
-        self, rows: Sequence[PromptRow], tokenizer: PreTrainedTokenizerBase, max_prompt_tokens: int, drop_overlong: bool
+        self,
+        rows: Sequence[PromptRow],
+        tokenizer: PreTrainedTokenizerBase,
+        max_prompt_tokens: int,
+        drop_overlong: bool,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
         kept: list[tuple[PromptRow, tuple[int, ...]]] = []
         for row in rows:
-            ids = tuple(encode_prompt(tokenizer, row.messages))
+            ids = tuple(encode_prompt(tokenizer, row.messages, tools))
             if len(ids) > max_prompt_tokens:
                 if not drop_overlong:
                     raise ValueError(

@@ -5,6 +5,8 @@ are replaced, so other braces in a template need no escaping. Shipped templates:
 
 - ``search``: the search protocol (``<think>``, ``<search>``, ``<information>``, ``<answer>``); the training default.
 - ``no_search``: answer directly, for the no-retrieval baseline.
+- ``tool_call``: for ``rollout.action_format=chat_template``: call the tools the chat template lists, answer in
+  ``<answer>`` (no tags of its own for the calls: the model's template gives their format).
 - ``naive_rag``: top-k passages inlined through ``{passages}``, for the retrieve-once baseline. Its passages are
   only known at evaluation time, so ``qa_to_parquet`` refuses it; the rows keep the bare ``question`` for that.
 

@@ -100,7 +100,7 @@ def test_recipe_command_passes_the_checks_before_ray(line: int, command: str, mo
     overrides = main_ppo_overrides(command)
     assert overrides is not None
     cfg = load_config(overrides)
-    # every recipe trains SmolLM2-135M or a checkpoint of it (runs/...), or the tiny model
+    # every recipe trains SmolLM2-135M, a checkpoint of it (runs/...), the tiny model, or a chat model of longer context
     source = "tiny" if cfg.model.path == "tiny" else SMOLLM2
     cfg.validate(cfg.actor_rollout_ref.rollout.hf.max_model_len or context_length(source))
     check_mode(cfg)

@@ -89,6 +89,12 @@ class SFTConfig:
     def __post_init__(self) -> None:
         check_trainable_dtype(self.model)
         self.actor_rollout_ref.rollout.search_turns = derive_search_turns(self.do_search, self.max_turns)
+        if self.actor_rollout_ref.rollout.action_format != "tags":
+            raise ConfigError(
+                "actor_rollout_ref.rollout.action_format=chat_template: the warm start builds its examples from the "
+                "rows' turns in Search-R1's tags, and its validation must roll out the same way; keep "
+                "action_format=tags here (chat-template tool calls are for main_ppo and main_eval)"
+            )
         if self.actor_rollout_ref.rollout.n is None:
             self.actor_rollout_ref.rollout.n = 1
 

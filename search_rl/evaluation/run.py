@@ -28,6 +28,7 @@ from search_rl.rollout.assembly import build_standalone_rollout
 from search_rl.rollout.backends import build_retriever, meter_metrics, meter_of, write_backend_manifest
 from search_rl.rollout.engines.choice import standalone_device
 from search_rl.rollout.generation_manager import Retriever
+from search_rl.rollout.tools import prompt_tools
 from search_rl.templates import load_template, render_prompt
 from search_rl.tracking.rollout_dump import write_records
 
@@ -82,7 +83,9 @@ def evaluate(cfg: EvalConfig, retriever: Retriever | None = None) -> EvalResult:
     if search or cfg.baseline == "naive_rag":
         build_retriever(cfg.retriever).check_reachable()
     tokenizer = load_tokenizer(cfg.model.path)
-    dataset = PromptDataset(read_rows(cfg.data.files), tokenizer, 10**9, drop_overlong=False)
+    dataset = PromptDataset(
+        read_rows(cfg.data.files), tokenizer, 10**9, drop_overlong=False, tools=prompt_tools(rollout, tokenizer)
+    )
     questions = baseline_prompts(cfg, dataset, dataset.subset_indices(cfg.data.max_samples, cfg.data.seed), tokenizer)
     prompts = questions.repeat_interleave(k)  # a question's samples adjacent: its prompt is encoded once
     dtype = compute_dtype_on(cfg.model.dtype, standalone_device())  # resolved by the config unless built by hand

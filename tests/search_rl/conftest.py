@@ -1,8 +1,8 @@
 """Fixtures of the search_rl tests: the SmolLM2 tokenizer, the tiny random Llama, and helpers that drive a real model.
 
-``ScriptedLogits`` makes a real transformers model (the tiny random Llama) write scripted turns: the HF engine runs
-its normal batched, KV-cached decode and sampling, but the logits are pushed towards the scripted next token. So the
-agent loop is exercised end to end with deterministic, readable model output.
+``ScriptedLogits`` (``scripted_logits.py``) makes a real transformers model (the tiny random Llama) write scripted
+turns: the HF engine runs its normal batched, KV-cached decode and sampling, but the logits are pushed towards the
+scripted next token. So the agent loop is exercised end to end with deterministic, readable model output.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import pytest
 import torch
+from scripted_logits import ScriptedLogits
 
 from search_rl.datatypes import Generated, SamplingParams
 from search_rl.models import build_tiny_model, compute_dtype, load_tokenizer
@@ -47,41 +48,6 @@ def tiny_model(tokenizer):
 @pytest.fixture
 def tiny_engine(tiny_model, tokenizer) -> HFEngine:
     return HFEngine(tiny_model, tokenizer)
-
-
-class ScriptedLogits:
-    """Logits processor forcing each sample, identified by its original prompt, through scripted turn texts.
-
-    Turn ``k`` of a sample is the ``k``-th engine call that contains it. Past the end of a turn's script the EOS
-    token is forced. The bias is large but finite, so sampled tokens still come from the sampler.
-    """
-
-    BIAS = 100.0
-
-    def __init__(self, tokenizer, scripts: dict[tuple[int, ...], Sequence[str]]) -> None:
-        self.eos = tokenizer.eos_token_id
-        self.scripts = {
-            p: [tokenizer.encode(t, add_special_tokens=False) for t in turns] for p, turns in scripts.items()
-        }
-        self.turn: dict[tuple[int, ...], int] = {p: -1 for p in scripts}
-
-    def _owner(self, prompt: list[int]) -> tuple[int, ...]:
-        for p in self.scripts:
-            if tuple(prompt[: len(p)]) == p:
-                return p
-        raise AssertionError("ScriptedLogits: a prompt without a script reached the engine")
-
-    def __call__(self, prompts: list[list[int]], generated: list[list[int]], logits: torch.Tensor) -> torch.Tensor:
-        logits = logits.clone()
-        for row, (prompt, gen) in enumerate(zip(prompts, generated, strict=True)):
-            owner = self._owner(prompt)
-            if not gen:
-                self.turn[owner] += 1
-            turns = self.scripts[owner]
-            script = turns[self.turn[owner]] if self.turn[owner] < len(turns) else []
-            forced = script[len(gen)] if len(gen) < len(script) else self.eos
-            logits[row, forced] += self.BIAS
-        return logits
 
 
 class RecordingEngine:

@@ -16,12 +16,14 @@ TAGS = ("<think>", "</think>", "<search>", "</search>", "<information>", "</info
 
 
 def test_shipped_templates() -> None:
-    assert available_templates() == ["naive_rag", "no_search", "search"]
+    assert available_templates() == ["naive_rag", "no_search", "search", "tool_call"]
     search = load_template("search")
     assert all(tag in search.text for tag in TAGS) and not search.needs_passages
     no_search = load_template("no_search")
     assert "<search>" not in no_search.text and "<answer>" in no_search.text and not no_search.needs_passages
     assert load_template("naive_rag").needs_passages
+    tool_call = load_template("tool_call")  # the chat-template format: the tools are listed by the template itself
+    assert "<answer>" in tool_call.text and "<search>" not in tool_call.text and not tool_call.needs_passages
     for name in available_templates():
         text = load_template(name).text
         assert text.count("{question}") == 1 and text.endswith("Question: {question}\n")

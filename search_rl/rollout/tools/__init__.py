@@ -22,7 +22,7 @@ from search_rl.rollout.tools.base import (
     describe_call,
     function_schema,
 )
-from search_rl.rollout.tools.loading import build_format, build_tools, check_tool_specs, tool_schemas
+from search_rl.rollout.tools.loading import build_format, build_tools, check_tool_specs, prompt_tools, tool_schemas
 from search_rl.rollout.tools.open import DocumentSource, OpenTool
 from search_rl.rollout.tools.search import KeyedRetriever, Retriever, SearchTool
 
@@ -46,5 +46,6 @@ __all__ = [
     "describe_call",
     "function_schema",
     "join_observations",
+    "prompt_tools",
     "tool_schemas",
 ]

@@ -1,7 +1,7 @@
 """The chat-template format (``rollout.action_format=chat_template``): tools in the format the model was trained with.
 
 - The prompt lists the tools through the tokenizer's own template (``apply_chat_template(messages, tools=[...])``,
-  ``encode_tool_prompt``).
+  ``prompt_data.encode_prompt`` with ``tools``; the entry points pass ``loading.prompt_tools``).
 - A turn is one assistant message, ended by the template's end-of-message token (EOS). Its calls are Hermes/Qwen
   ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks, several allowed; a message without one is the
   final answer (the text inside ``<answer>`` tags if any, else the message without its ``<think>`` block).
@@ -12,6 +12,8 @@
   conversation's prefix the same way works; one that does not is refused with the reason.
 - A malformed call (bad JSON, unknown tool, arguments that do not fit the schema, an unclosed ``<tool_call>``) is
   answered by a tool message that says what is wrong, and counted in ``rollout/tool_errors``; it never raises.
+- A message with neither a call nor answer text (only a ``<think>`` block, or nothing) is an invalid action, as a
+  turn without a tag is under Search-R1's format: a tool message says so and the loop goes on while turns remain.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from search_rl.prompt_data import encode_prompt
 from search_rl.rollout.observations import Observation, ObservationBuilder, water_fill
 from search_rl.rollout.tools.base import Tool, ToolCall, ToolResult, TurnAction, argument_problem, function_schema
 from search_rl.tags import (
@@ -40,20 +43,13 @@ _CALL_RE = re.compile(f"{re.escape(TOOL_CALL_OPEN)}(.*?){re.escape(TOOL_CALL_CLO
 _ANSWER_RE = re.compile(f"{re.escape(ANSWER_OPEN)}(.*?){re.escape(ANSWER_CLOSE)}", re.DOTALL)
 _USER, _ASSISTANT = "\x1fUSER\x1f", "\x1fASSISTANT\x1f"
 CALL_SHAPE = '<tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>'
+EMPTY_REPLY_FEEDBACK = (
+    f"The reply held neither a tool call nor an answer. Call a tool with {CALL_SHAPE}, or reply with the answer."
+)
 
 
 def _slot(i: int) -> str:
     return f"\x1fTOOL{i}\x1f"
-
-
-def encode_tool_prompt(
-    tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping[str, str]], schemas: Sequence[Mapping[str, Any]]
-) -> list[int]:
-    """Prompt ids with the tools listed by the template, ending where the assistant's turn begins."""
-    text = tokenizer.apply_chat_template(
-        [dict(m) for m in messages], tools=[dict(s) for s in schemas], add_generation_prompt=True, tokenize=False
-    )
-    return [int(i) for i in tokenizer.encode(str(text), add_special_tokens=False)]
 
 
 class ChatTemplateFormat:
@@ -93,8 +89,8 @@ class ChatTemplateFormat:
         self.min_obs_tokens = self._builder(*self._frame(("search",), False)[0]).min_tokens
 
     def encode_prompt(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
-        """``encode_tool_prompt`` with this format's tools."""
-        return encode_tool_prompt(self.tokenizer, messages, self.schemas)
+        """``prompt_data.encode_prompt`` with this format's tools listed."""
+        return encode_prompt(self.tokenizer, messages, self.schemas)
 
     def parse(self, text: str) -> TurnAction:
         """The turn's tool calls, or its final answer when it has none."""
@@ -104,7 +100,10 @@ class ChatTemplateFormat:
             calls.append(ToolCall("", {}, error=f"a {TOOL_CALL_OPEN} was not closed; write {CALL_SHAPE}"))
         if calls:
             return TurnAction("call", calls=tuple(calls), search_attempt=any(c.name == "search" for c in calls))
-        return TurnAction("answer", answer=self._answer(text))
+        answer = self._answer(text)
+        if answer is None:  # only thoughts, or nothing: as Search-R1's tags treat a turn without an action
+            return TurnAction("invalid", feedback=EMPTY_REPLY_FEEDBACK)
+        return TurnAction("answer", answer=answer)
 
     def _answer(self, text: str) -> str | None:
         if m := _ANSWER_RE.search(text):

@@ -96,15 +96,37 @@ def build_tools(cfg: RolloutConfig, retriever: Retriever | None, extra: Sequence
     return tools
 
 
+def _declared(cfg: RolloutConfig, search: bool) -> list[Tool]:
+    """The rollout's tools built without a backend (for their declarations; ``open`` gets no document source)."""
+    tools: list[Tool] = [SearchTool(None)] if search else []  # type: ignore[arg-type]  # the schema needs no backend
+    return tools + [_instantiate(i, spec, None, cfg) for i, spec in enumerate(cfg.tools)]
+
+
 def tool_schemas(cfg: RolloutConfig, search: bool = True) -> list[dict[str, Any]]:
-    """The function declarations of the rollout's tools (``search`` first when ``search``), for the prompt of the
-    ``chat_template`` format (``chat_format.encode_tool_prompt``); built without a backend.
+    """The function declarations of the rollout's tools (``search`` first when ``search``); built without a backend.
 
     >>> [s["function"]["name"] for s in tool_schemas(RolloutConfig())]
     ['search']
     """
-    tools: list[Tool] = [SearchTool(None)] if search else []  # type: ignore[arg-type]  # the schema needs no backend
-    tools += [_instantiate(i, spec, None, cfg) for i, spec in enumerate(cfg.tools)]
+    return [function_schema(t) for t in _declared(cfg, search)]
+
+
+def prompt_tools(cfg: RolloutConfig, tokenizer: PreTrainedTokenizerBase) -> list[dict[str, Any]] | None:
+    """What the prompts list as tools (``prompt_data.encode_prompt``'s ``tools``): under the ``chat_template``
+    format, the declarations of the tools the loop offers (search and ``cfg.tools``); None under Search-R1's tags,
+    whose protocol is in the prompt's own text, or when the loop makes no tool turns. The entry points call it
+    before Ray starts, so a template that cannot render the tools fails there.
+
+    Raises:
+        ConfigError: ``chat_template`` with a tokenizer whose template ignores tools or tool messages.
+    """
+    if cfg.action_format != "chat_template" or cfg.search_turns == 0:
+        return None
+    tools = _declared(cfg, search=True)
+    try:
+        build_format(cfg, tokenizer, tools)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
     return [function_schema(t) for t in tools]
 
 

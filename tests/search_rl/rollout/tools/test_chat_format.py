@@ -20,9 +20,10 @@ from memory_retriever import InMemoryRetriever, shipped_passages
 from qwen_template import QWEN25_TEMPLATE
 
 from search_rl.config import RolloutConfig
+from search_rl.prompt_data import encode_prompt
 from search_rl.rollout.generation_manager import LLMGenerationManager
 from search_rl.rollout.tools import SearchTool, function_schema
-from search_rl.rollout.tools.chat_format import ChatTemplateFormat, encode_tool_prompt
+from search_rl.rollout.tools.chat_format import ChatTemplateFormat
 from search_rl.tags import format_docs
 
 
@@ -51,7 +52,7 @@ def _setup(qwen_tokenizer, retriever, make_scripted_engine, scripts, **overrides
     )
     schemas = [function_schema(SearchTool(retriever))]
     questions = list(scripts)
-    prompts = [encode_tool_prompt(qwen_tokenizer, [{"role": "user", "content": q}], schemas) for q in questions]
+    prompts = [encode_prompt(qwen_tokenizer, [{"role": "user", "content": q}], schemas) for q in questions]
     engine = make_scripted_engine({tuple(p): scripts[q] for p, q in zip(prompts, questions, strict=True)})
     return LLMGenerationManager(engine, qwen_tokenizer, retriever, cfg), engine, prompts
 
@@ -129,6 +130,18 @@ def test_final_turn_has_tools_off_and_failures_are_observed(qwen_tokenizer, retr
     traj = manager.generate(prompts, seed=0).trajectories[0]
     assert traj.search_calls[0].failed and traj.stats.retriever_errors == 1
     assert traj.stop_reason == "max_turns" and traj.stats.invalid_actions == 1
+
+
+def test_a_reply_without_call_or_answer_is_invalid_and_the_loop_goes_on(
+    qwen_tokenizer, retriever, make_scripted_engine
+):
+    turns = ["<think>Hmm.</think>", "<answer> May 18, 2018 </answer>"]
+    manager, _, prompts = _setup(qwen_tokenizer, retriever, make_scripted_engine, {"q": turns})
+    traj = manager.generate(prompts, seed=0).trajectories[0]
+    (feedback,) = [s.text for s in traj.segments if s.kind == "observation"]
+    assert "neither a tool call nor an answer" in feedback and "<tool_response>" in feedback
+    assert (traj.stats.valid_actions, traj.stats.invalid_actions) == (1, 1)
+    assert (traj.final_answer, traj.stop_reason) == ("May 18, 2018", "answer")
 
 
 def test_a_template_without_tools_is_refused(tokenizer, retriever):

@@ -1,17 +1,24 @@
 """Config-declared tools and the action format: each wrong entry is refused with its position and name, when the
-config is built (names, entry-point syntax) or resolved before Ray starts (import, constructor, declaration).
+config is built (names, entry-point syntax) or resolved before Ray starts (import, constructor, declaration); the
+prompts list the tools only in the chat-template format, and a template that ignores them is refused before Ray.
 
 Run: python -m pytest tests/search_rl/rollout/tools/test_tool_config.py -q
 """
 
 from __future__ import annotations
 
+import copy
+from dataclasses import replace
+
 import pytest
+from qwen_template import QWEN25_TEMPLATE
 
 from search_rl.config import ConfigError, RolloutConfig
 from search_rl.config.tools import ToolSpec
 from search_rl.configure import load_config
-from search_rl.rollout.tools import check_tool_specs
+from search_rl.main_sft import load_sft_config
+from search_rl.prompt_data import encode_prompt
+from search_rl.rollout.tools import check_tool_specs, prompt_tools
 
 EXAMPLE = "search_rl.rollout.tools.example:Glossary"
 
@@ -83,3 +90,23 @@ def test_tools_load_from_the_command_line():
     bad = "{name: glossary, entry_point: 'search_rl.rollout.tools.example:Nope'}"
     with pytest.raises(ConfigError, match=r"actor_rollout_ref.rollout.tools\[0\] \(glossary\)"):
         load_config([f"actor_rollout_ref.rollout.tools=[{bad}]"])
+
+
+def test_prompts_list_the_tools_only_in_the_chat_template_format(tokenizer):
+    qwen = copy.deepcopy(tokenizer)
+    qwen.chat_template = QWEN25_TEMPLATE
+    glossary = ToolSpec(name="glossary", entry_point=EXAMPLE, settings={"entries": {"RL": "reinforcement learning"}})
+    chat = RolloutConfig(action_format="chat_template", tools=[glossary])
+    assert prompt_tools(RolloutConfig(tools=[glossary]), qwen) is None  # tags: the protocol is in the prompt's text
+    assert prompt_tools(replace(chat, search_turns=0), qwen) is None  # no tool turns, no tools listed
+    schemas = prompt_tools(chat, qwen)
+    assert schemas is not None and [s["function"]["name"] for s in schemas] == ["search", "glossary"]
+    text = qwen.decode(encode_prompt(qwen, [{"role": "user", "content": "q"}], schemas))
+    assert '"name": "glossary"' in text and text.endswith("<|im_start|>assistant\n")
+    with pytest.raises(ConfigError, match="does not render the tools"):  # SmolLM2's template ignores tools=
+        prompt_tools(chat, tokenizer)
+
+
+def test_the_warm_start_refuses_the_chat_template_format():
+    with pytest.raises(ConfigError, match="the warm start builds its examples from the rows' turns"):
+        load_sft_config(["actor_rollout_ref.rollout.action_format=chat_template"])
