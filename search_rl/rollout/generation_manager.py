@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -36,14 +36,13 @@ from search_rl.datatypes import (
     SamplingParams,
     SearchCall,
     Segment,
-    StopReason,
     Trajectory,
-    TrajectoryStats,
 )
 from search_rl.rollout.backends import RetrieverClient, meter_metrics, meter_of
 from search_rl.rollout.engines.base import RolloutEngine, SessionEngine
 from search_rl.rollout.engines.choice import schedule_that_runs
 from search_rl.rollout.observations import Observation
+from search_rl.rollout.sample_state import SampleState, rollout_metrics
 from search_rl.rollout.tools import (
     ActionFormat,
     BatchTool,
@@ -62,32 +61,6 @@ from search_rl.seeds import sample_seed, turn_seed
 logger = logging.getLogger(__name__)
 
 __all__ = ["KeyedRetriever", "LLMGenerationManager", "Retriever"]
-
-
-@dataclass
-class _Sample:
-    """Mutable per-sample state during a rollout; frozen into a ``Trajectory`` at the end."""
-
-    prompt: list[int]
-    ids: list[int] = field(default_factory=list)
-    mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    segments: list[Segment] = field(default_factory=list)
-    calls: list[SearchCall] = field(default_factory=list)
-    stats: TrajectoryStats = field(default_factory=TrajectoryStats)
-    answer: str | None = None
-    stop: StopReason | None = None
-    eos: bool = False
-    """The last model turn ended with EOS (the chat template's end-of-message text was sampled)."""
-    tool_calls: int = 0
-    tool_errors: int = 0
-
-    @property
-    def done(self) -> bool:
-        return self.stop is not None
-
-    def count(self, **deltas: int) -> None:
-        self.stats = replace(self.stats, **{k: getattr(self.stats, k) + v for k, v in deltas.items()})
 
 
 class LLMGenerationManager:
@@ -170,10 +143,12 @@ class LLMGenerationManager:
             await self._continuous(engine, samples, timing, greedy, seed)
         else:
             await self._in_turns(samples, timing, greedy, seed)
-        return RolloutResult([self._trajectory(s) for s in samples], self._metrics(samples, timing))
+        return RolloutResult(
+            [self._trajectory(s) for s in samples], rollout_metrics(samples, self.engine.weight_version, timing)
+        )
 
     async def _in_turns(
-        self, samples: list[_Sample], timing: dict[str, float], greedy: bool | None, seed: int | None
+        self, samples: list[SampleState], timing: dict[str, float], greedy: bool | None, seed: int | None
     ) -> None:
         """Lock-step turns: every active sample generates its turn, then all of the turn's queries are searched."""
         search_turns = self.cfg.search_turns
@@ -184,7 +159,7 @@ class LLMGenerationManager:
             start = time.perf_counter()
             gens = self._generate_turn(active, turn, greedy, seed)
             timing["generate"] += time.perf_counter() - start
-            pending: list[tuple[_Sample, tuple[ToolCall, ...]]] = []
+            pending: list[tuple[SampleState, tuple[ToolCall, ...]]] = []
             for s, g in zip(active, gens, strict=True):
                 calls = self._take_turn(s, g, final=turn == search_turns)
                 if calls is not None:
@@ -196,7 +171,7 @@ class LLMGenerationManager:
     async def _continuous(
         self,
         engine: SessionEngine,
-        samples: list[_Sample],
+        samples: list[SampleState],
         timing: dict[str, float],
         greedy: bool | None,
         seed: int | None,
@@ -232,7 +207,7 @@ class LLMGenerationManager:
                 else:  # every remaining sample waits for the retriever
                     finished = []
                     await asyncio.wait(searching, return_when=asyncio.FIRST_COMPLETED)
-                pending: list[tuple[_Sample, tuple[ToolCall, ...]]] = []
+                pending: list[tuple[SampleState, tuple[ToolCall, ...]]] = []
                 keys: list[int] = []
                 for i, g in finished:
                     calls = self._take_turn(samples[i], g, final=turn[i] == search_turns)
@@ -251,13 +226,13 @@ class LLMGenerationManager:
             for task in searching:
                 task.cancel()
 
-    async def _timed_calls(self, pending: list[tuple[_Sample, tuple[ToolCall, ...]]]) -> float:
+    async def _timed_calls(self, pending: list[tuple[SampleState, tuple[ToolCall, ...]]]) -> float:
         """``_call_tools``, returning its seconds."""
         start = time.perf_counter()
         await self._call_tools(pending)
         return time.perf_counter() - start
 
-    def _start(self, index: int, prompt: Sequence[int]) -> _Sample:
+    def _start(self, index: int, prompt: Sequence[int]) -> SampleState:
         ids = list(prompt)
         over = len(ids) - self.cfg.max_prompt_tokens
         if over > 0 and self.cfg.prompt_truncation == "error":
@@ -265,13 +240,13 @@ class LLMGenerationManager:
                 f"prompt {index} has {len(ids)} tokens, over rollout.max_prompt_tokens={self.cfg.max_prompt_tokens}; "
                 "filter long prompts, raise the budget, or set rollout.prompt_truncation=left"
             )
-        sample = _Sample(prompt=ids[over:] if over > 0 else ids)
+        sample = SampleState(prompt=ids[over:] if over > 0 else ids)
         if over > 0:
             sample.count(prompt_tokens_truncated=over)
         return sample
 
     def _generate_turn(
-        self, active: list[_Sample], turn: int, greedy: bool | None, seed: int | None
+        self, active: list[SampleState], turn: int, greedy: bool | None, seed: int | None
     ) -> list[Generated]:
         cfg = self.cfg
         params = self._params(turn, greedy, cfg.seed if seed is None else seed)
@@ -291,7 +266,7 @@ class LLMGenerationManager:
             seed=turn_seed(seed, turn),
         )
 
-    def _take_turn(self, s: _Sample, g: Generated, *, final: bool) -> tuple[ToolCall, ...] | None:
+    def _take_turn(self, s: SampleState, g: Generated, *, final: bool) -> tuple[ToolCall, ...] | None:
         """Append the turn's sampled ids (mask 1), act on its action; return the tool calls it made, if any."""
         text = self._decode(g.token_ids)
         start = len(s.ids)
@@ -323,7 +298,7 @@ class LLMGenerationManager:
         self._insert(s, self.format.feedback(action.feedback or "", self.cfg.max_response_tokens - len(s.ids)))
         return None
 
-    async def _call_tools(self, pending: list[tuple[_Sample, tuple[ToolCall, ...]]]) -> None:
+    async def _call_tools(self, pending: list[tuple[SampleState, tuple[ToolCall, ...]]]) -> None:
         """Answer every call of the turn (each tool's calls together), then give each sample its observation."""
         if not pending:
             return
@@ -353,7 +328,7 @@ class LLMGenerationManager:
         await asyncio.gather(*(answer(name, where) for name, where in by_tool.items()))
         return [r for r in out if r is not None]
 
-    def _observe(self, s: _Sample, calls: tuple[ToolCall, ...], results: list[ToolResult]) -> None:
+    def _observe(self, s: SampleState, calls: tuple[ToolCall, ...], results: list[ToolResult]) -> None:
         """Record the sample's calls and insert the observation of their results (mask 0)."""
         room = min(self.cfg.max_obs_tokens, self.cfg.max_response_tokens - len(s.ids))
         shown = self.format.results(results, [c.name for c in calls], room, eos_sampled=s.eos)
@@ -367,7 +342,7 @@ class LLMGenerationManager:
                 s.calls.append(SearchCall(describe_call(c), passages, r.failed, r.retrieval_key, tool=c.name))
         self._insert(s, None if shown is None else join_observations(shown))
 
-    def _insert(self, s: _Sample, obs: Observation | None) -> None:
+    def _insert(self, s: SampleState, obs: Observation | None) -> None:
         """Append an observation with mask 0; end the episode when it does not fit or leaves no room to answer."""
         if obs is None:
             self._budget_spent(s)
@@ -382,14 +357,14 @@ class LLMGenerationManager:
             self._budget_spent(s)
 
     @staticmethod
-    def _budget_spent(s: _Sample) -> None:
+    def _budget_spent(s: SampleState) -> None:
         s.stop = "max_response_tokens"
         s.stats = replace(s.stats, response_budget_hit=True)
 
     def _decode(self, ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False))
 
-    def _trajectory(self, s: _Sample) -> Trajectory:
+    def _trajectory(self, s: SampleState) -> Trajectory:
         assert s.stop is not None, "every sample ends by answer, final turn or budget"
         return Trajectory(
             prompt_ids=torch.tensor(s.prompt, dtype=torch.long),
@@ -402,33 +377,3 @@ class LLMGenerationManager:
             stats=s.stats,
             search_calls=tuple(s.calls),
         )
-
-    def _metrics(self, samples: list[_Sample], timing: dict[str, float]) -> dict[str, float]:
-        n = max(len(samples), 1)
-        stats = [s.stats for s in samples]
-        model_tokens = sum(sum(s.mask) for s in samples)
-        response_tokens = sum(len(s.ids) for s in samples)
-        actions = sum(st.valid_actions + st.invalid_actions for st in stats)
-        metrics = {
-            "rollout/turns_mean": sum(st.turns for st in stats) / n,
-            "rollout/searches_mean": sum(st.searches for st in stats) / n,
-            "rollout/valid_action_rate": sum(st.valid_actions for st in stats) / max(actions, 1),
-            "rollout/answer_rate": sum(st.finished for st in stats) / n,
-            "rollout/response_tokens_mean": response_tokens / n,
-            "rollout/model_tokens_mean": model_tokens / n,
-            "rollout/mask_coverage": model_tokens / max(response_tokens, 1),
-            "rollout/retriever_errors": float(sum(st.retriever_errors for st in stats)),
-            "rollout/tool_calls": float(sum(s.tool_calls for s in samples)),
-            "rollout/tool_errors": float(sum(s.tool_errors for s in samples)),
-            "rollout/truncated_prompt_tokens": float(sum(st.prompt_tokens_truncated for st in stats)),
-            "rollout/truncated_obs_tokens": float(sum(st.obs_tokens_truncated for st in stats)),
-            "rollout/dropped_passages": float(sum(st.obs_passages_dropped for st in stats)),
-            "rollout/response_budget_hits": float(sum(st.response_budget_hit for st in stats)),
-            "rollout/weight_version": float(self.engine.weight_version),
-            "timing/generate_s": timing["generate"],
-            "timing/retrieve_s": timing["retrieve"],
-            "rollout/gen_tokens_per_s": model_tokens / max(timing["generate"], 1e-9),
-        }
-        for reason in ("answer", "max_turns", "max_response_tokens"):
-            metrics[f"rollout/stop_{reason}"] = sum(s.stop == reason for s in samples) / n
-        return metrics
