@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Protocol
@@ -213,8 +213,8 @@ def encode_prompt(
     """
     msgs = [dict(m) for m in messages]
     if getattr(tokenizer, "chat_template", None):
-        listed = {} if tools is None else {"tools": [dict(t) for t in tools]}
-        out: Any = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, **listed)
+        listed: list[dict[Any, Any] | Callable[..., Any]] | None = None if tools is None else [dict(t) for t in tools]
+        out: Any = tokenizer.apply_chat_template(msgs, tools=listed, add_generation_prompt=True, tokenize=True)
         ids = out["input_ids"] if hasattr(out, "keys") else out  # transformers v5 returns a BatchEncoding
         return [int(i) for i in ids]
     if tools is not None:
