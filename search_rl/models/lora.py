@@ -26,7 +26,7 @@ ADAPTER_DIR = "actor_lora"
 """A checkpoint's adapter folder, in peft's format (``PeftModel.from_pretrained(base, folder)`` loads it)."""
 
 
-def apply_lora(model: nn.Module, rank: int, alpha: int, target_modules: str) -> nn.Module:
+def apply_lora(model: nn.Module, rank: int, alpha: int, target_modules: str, seed: int = 0) -> nn.Module:
     """Wrap ``model`` with fresh LoRA adapters (B = 0, so the wrapped model computes exactly what ``model`` did);
     only the adapters require gradients.
 
@@ -36,6 +36,8 @@ def apply_lora(model: nn.Module, rank: int, alpha: int, target_modules: str) -> 
         alpha: scaling numerator (the update is ``alpha / r * B @ A``).
         target_modules: ``all-linear`` (every linear layer but the output head) or comma-separated module names
             such as ``q_proj,v_proj``.
+        seed: seeds A's random init (``model.seed``), so a seeded run updates the same adapters every time; the
+            global random state is left as it was.
     """
     from peft import LoraConfig, get_peft_model
 
@@ -45,7 +47,9 @@ def apply_lora(model: nn.Module, rank: int, alpha: int, target_modules: str) -> 
         else [t.strip() for t in target_modules.split(",") if t.strip()]
     )
     config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, bias="none")
-    return get_peft_model(model, config)  # type: ignore[arg-type]
+    with torch.random.fork_rng(devices=[]):  # A's init draws from the global generator: seed it, then restore it
+        torch.manual_seed(seed)
+        return get_peft_model(model, config)  # type: ignore[arg-type]
 
 
 def lora_scaling(model: nn.Module) -> float:

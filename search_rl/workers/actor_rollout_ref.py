@@ -133,7 +133,7 @@ class ActorRolloutRefWorker:
         torch.nn.Module.to(frozen, dtype=self.compute_dtype)  # in place; transformers' typed wrapper confuses mypy
         self.lora_scaling: float | None = None
         if model.lora_rank:  # adapters on a frozen base; the base with adapters disabled is the reference
-            self.policy = apply_lora(base, model.lora_rank, model.lora_alpha, model.lora_target_modules)
+            self.policy = apply_lora(base, model.lora_rank, model.lora_alpha, model.lora_target_modules, model.seed)
             self.lora_scaling = lora_scaling(self.policy)
             self.reference = None
         else:

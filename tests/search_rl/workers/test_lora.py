@@ -30,6 +30,18 @@ def _randomise_adapters(model: torch.nn.Module, seed: int = 0) -> None:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
 
 
+def test_adapters_are_seeded_and_leave_the_global_generator_alone(tokenizer):
+    def adapters(seed: int) -> dict[str, torch.Tensor]:
+        wrapped = apply_lora(build_tiny_model(tokenizer, seed=1), 4, 8, "all-linear", seed=seed)
+        return {k: v.clone() for k, v in wrapped.state_dict().items() if "lora_A" in k}
+
+    state = torch.random.get_rng_state()
+    first, again, other = adapters(0), adapters(0), adapters(1)
+    assert torch.equal(torch.random.get_rng_state(), state), "the global generator is restored"
+    assert first and all(torch.equal(first[k], again[k]) for k in first), "one seed, the same A (a seeded run repeats)"
+    assert not any(torch.equal(first[k], other[k]) for k in first)
+
+
 def test_merged_state_dict_equals_peft_merge_and_unload(tokenizer):
     wrapped = apply_lora(build_tiny_model(tokenizer, seed=1), rank=4, alpha=8, target_modules="all-linear")
     _randomise_adapters(wrapped)
