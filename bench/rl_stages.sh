@@ -36,6 +36,23 @@ warm_start() {
     fi
 }
 
+# GRPO as stages 2 and 2b run it: from model $1 on questions $2 into $3, at most $4 generation batches a step.
+# Settings from the logs (docs/experiments): the 32 x 4 run collapsed entropy (0.53 -> 0.22) and pass@8
+# (0.45 -> 0.35) while greedy EM stayed flat, and 3 of 4 groups carried no signal. So: prompts with signal
+# (dynamic sampling on EM); 8 samples per prompt; clip-higher (DAPO's 0.28) against the collapse; full weights at
+# rejection sampling's scale of update (the only path that moved the greedy answer); validated every 5 steps.
+grpo() {
+    "$PY" -m search_rl.main_ppo algorithm=grpo model.path="$1" "data.train_files=[$2]" \
+        trainer.default_local_dir="$3" trainer.total_training_steps=${STEPS:-30} trainer.save_freq=5 \
+        trainer.max_ckpt_to_keep=7 trainer.test_freq=5 trainer.val_before_train=false data.val_max_samples=100 \
+        trainer.resume=auto 'trainer.logger=[console,jsonl]' trainer.torch_threads_per_worker=2 \
+        data.train_batch_size=4 actor_rollout_ref.rollout.n=8 actor_rollout_ref.actor.ppo_mini_batch_size=2 \
+        "${B[@]}" actor_rollout_ref.actor.optim.lr=${LR:-1e-5} algorithm.clip_ratio_high=0.28 \
+        reward.partial_credit=f1 reward.partial_credit_weight=0.5 \
+        algorithm.filter_groups.enable=true algorithm.filter_groups.metric=em \
+        algorithm.filter_groups.max_num_gen_batches="$4"
+}
+
 warm_start
 if [[ $STAGE == 1 ]]; then
     # The first QUESTIONS training questions of main_eval's seeded order (data.seed 0), in chunks of CHUNK, each
@@ -62,20 +79,9 @@ d.iloc[sorted(p[int(sys.argv[2]):int(sys.argv[3])])].to_parquet(sys.argv[4], ind
     "$PY" -m search_rl.tools.filter_prompts "${records[@]}" --questions "$DATA/train.parquet" --output "$KEPT"
     stamp "stage 1 done"
 elif [[ $STAGE == 2 ]]; then
-    # Settings from the logs (docs/experiments): the 32 x 4 run collapsed entropy (0.53 -> 0.22) and pass@8
-    # (0.45 -> 0.35) while greedy EM stayed flat, and 3 of 4 groups carried no signal. So: prompts with signal only
-    # (stage 1) and dynamic sampling on EM for the rest; 8 samples per prompt; clip-higher (DAPO's 0.28) against the
-    # collapse; full weights at rejection sampling's scale of update (the only path that moved the greedy answer).
+    # The kept questions of stage 1 (signal at k = 4), with dynamic sampling for the groups that still come out flat.
     stamp "stage 2: GRPO on $KEPT"
-    "$PY" -m search_rl.main_ppo algorithm=grpo model.path="$WARM" "data.train_files=[$KEPT]" \
-        trainer.default_local_dir="$RUN/grpo" trainer.total_training_steps=${STEPS:-30} trainer.save_freq=5 \
-        trainer.max_ckpt_to_keep=7 trainer.test_freq=5 trainer.val_before_train=false data.val_max_samples=100 \
-        trainer.resume=auto 'trainer.logger=[console,jsonl]' trainer.torch_threads_per_worker=2 \
-        data.train_batch_size=4 actor_rollout_ref.rollout.n=8 actor_rollout_ref.actor.ppo_mini_batch_size=2 \
-        "${B[@]}" actor_rollout_ref.actor.optim.lr=${LR:-1e-5} algorithm.clip_ratio_high=0.28 \
-        reward.partial_credit=f1 reward.partial_credit_weight=0.5 \
-        algorithm.filter_groups.enable=true algorithm.filter_groups.metric=em \
-        algorithm.filter_groups.max_num_gen_batches=2
+    grpo "$WARM" "$KEPT" "$RUN/grpo" 2
     stamp "stage 2 done"
 elif [[ $STAGE == 2b ]]; then
     # Stage 2 fitted its pool: sampled EM on the 152 kept questions rose 0.22 -> 0.6 while validation stayed within
@@ -95,15 +101,7 @@ d.iloc[sorted(p[int(sys.argv[2]):])].to_parquet(sys.argv[3], index=False)" \
             "$DATA/train.parquet" "${QUESTIONS:-512}" "$FRESH"
     fi
     stamp "stage 2b: GRPO from $FROM on $FRESH"
-    "$PY" -m search_rl.main_ppo algorithm=grpo model.path="$FROM" "data.train_files=[$FRESH]" \
-        trainer.default_local_dir="$OUT" trainer.total_training_steps=${STEPS:-30} trainer.save_freq=5 \
-        trainer.max_ckpt_to_keep=7 trainer.test_freq=5 trainer.val_before_train=false data.val_max_samples=100 \
-        trainer.resume=auto 'trainer.logger=[console,jsonl]' trainer.torch_threads_per_worker=2 \
-        data.train_batch_size=4 actor_rollout_ref.rollout.n=8 actor_rollout_ref.actor.ppo_mini_batch_size=2 \
-        "${B[@]}" actor_rollout_ref.actor.optim.lr=${LR:-1e-5} algorithm.clip_ratio_high=0.28 \
-        reward.partial_credit=f1 reward.partial_credit_weight=0.5 \
-        algorithm.filter_groups.enable=true algorithm.filter_groups.metric=em \
-        algorithm.filter_groups.max_num_gen_batches=3
+    grpo "$FROM" "$FRESH" "$OUT" 3
     stamp "stage 2b done"
 elif [[ $STAGE == 3 ]]; then
     GRPO_DIR=${GRPO_DIR:-$RUN/grpo}

@@ -11,13 +11,11 @@ Run: python -m pytest tests/search_rl/rollout/tools/test_chat_format.py -q
 
 from __future__ import annotations
 
-import copy
 import json
 
 import pytest
 import torch
 from memory_retriever import InMemoryRetriever, shipped_passages
-from qwen_template import QWEN25_TEMPLATE
 
 from search_rl.config import RolloutConfig
 from search_rl.prompt_data import encode_prompt
@@ -25,13 +23,6 @@ from search_rl.rollout.generation_manager import LLMGenerationManager
 from search_rl.rollout.tools import SearchTool, function_schema
 from search_rl.rollout.tools.chat_format import ChatTemplateFormat
 from search_rl.tags import format_docs
-
-
-@pytest.fixture(scope="module")
-def qwen_tokenizer(tokenizer):
-    tok = copy.deepcopy(tokenizer)
-    tok.chat_template = QWEN25_TEMPLATE
-    return tok
 
 
 @pytest.fixture(scope="module")

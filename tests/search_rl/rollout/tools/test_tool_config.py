@@ -7,11 +7,9 @@ Run: python -m pytest tests/search_rl/rollout/tools/test_tool_config.py -q
 
 from __future__ import annotations
 
-import copy
 from dataclasses import replace
 
 import pytest
-from qwen_template import QWEN25_TEMPLATE
 
 from search_rl.config import ConfigError, RolloutConfig
 from search_rl.config.tools import ToolSpec
@@ -92,9 +90,8 @@ def test_tools_load_from_the_command_line():
         load_config([f"actor_rollout_ref.rollout.tools=[{bad}]"])
 
 
-def test_prompts_list_the_tools_only_in_the_chat_template_format(tokenizer):
-    qwen = copy.deepcopy(tokenizer)
-    qwen.chat_template = QWEN25_TEMPLATE
+def test_prompts_list_the_tools_only_in_the_chat_template_format(tokenizer, qwen_tokenizer):
+    qwen = qwen_tokenizer
     glossary = ToolSpec(name="glossary", entry_point=EXAMPLE, settings={"entries": {"RL": "reinforcement learning"}})
     chat = RolloutConfig(action_format="chat_template", tools=[glossary])
     assert prompt_tools(RolloutConfig(tools=[glossary]), qwen) is None  # tags: the protocol is in the prompt's text

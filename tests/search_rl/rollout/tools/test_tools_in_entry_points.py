@@ -13,14 +13,12 @@ Run: python -m pytest tests/search_rl/rollout/tools/test_tools_in_entry_points.p
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from qwen_template import QWEN25_TEMPLATE
 from scripted_logits import ScriptedLogits
 
 from search_rl.configure import load_config
@@ -50,13 +48,6 @@ BUDGETS = [
 
 def call(name: str, **arguments) -> str:
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
-
-
-@pytest.fixture(scope="module")
-def qwen_tokenizer(tokenizer):
-    tok = copy.deepcopy(tokenizer)
-    tok.chat_template = QWEN25_TEMPLATE
-    return tok
 
 
 @pytest.fixture(scope="module")
