@@ -100,11 +100,7 @@ def check_rollout_tools(rollout: RolloutConfig, retriever: Any) -> None:
         ConfigError: an entry that cannot be built or declares itself wrongly, or ``open`` without the retriever
             service; the message names the entry.
     """
-    backend = getattr(retriever, "backend", None)
-    recording = getattr(getattr(retriever, "recording", None), "mode", "off")
-    if backend == "http" and recording != "off":
-        backend = f"http with retriever.recording.mode={recording}"
-    check_tool_specs(rollout.tools, backend)
+    check_tool_specs(rollout.tools, getattr(retriever, "backend", None))
 
 
 def resolve_dtype(model: ModelConfig, device: str | None) -> None:

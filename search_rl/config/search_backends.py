@@ -99,7 +99,8 @@ class SimulatedSearchConfig:
 
 @dataclass
 class RecordingConfig:
-    """The retrieval recording: a SQLite file of (query, top-k, backend fingerprint) -> passages."""
+    """The retrieval recording: a SQLite file of (query, top-k, backend fingerprint) -> passages, and of (document
+    id, max characters, backend fingerprint) -> article for the ``open`` tool."""
 
     mode: str = "off"
     """``off``; ``record`` (every search goes to the backend and is written); ``replay`` (answers only from the

@@ -5,8 +5,10 @@
     python -m search_rl.tools.recordings show runs/retrievals.sqlite 3f2a...     # one entry's passages
     python -m search_rl.tools.recordings merge all.sqlite a.sqlite b.sqlite      # copy a's and b's entries into all
 
-``show`` takes a key as a rollout record gives it (``search_calls[i].retrieval_key``; a unique prefix is enough).
-``merge`` keeps the target's entry where both hold a key (the same key is the same query, top-k and backend).
+A recording holds searches and the documents the ``open`` tool read: ``list`` counts both, ``entries`` lists searches,
+``show`` takes a key of either as a rollout record gives it (``search_calls[i].retrieval_key``; a unique prefix is
+enough). ``merge`` copies both and keeps the target's entry where both hold a key (the same key is the same query,
+top-k and backend, or the same document id, length and backend).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import sys
 from pathlib import Path
 
 from search_rl.logging_setup import MESSAGE_FORMAT, configure_logging
-from search_rl.rollout.backends import Entry, RecordingStore
+from search_rl.rollout.backends import DocumentEntry, Entry, RecordingStore
 
 logger = logging.getLogger(__name__)
 
@@ -32,19 +34,25 @@ def format_entry(entry: Entry, text_chars: int = 300) -> str:
     return "\n".join(lines)
 
 
-def find_entry(store: RecordingStore, key: str) -> Entry:
-    """The entry of ``key`` or of a unique key prefix.
+def format_document(entry: DocumentEntry) -> str:
+    """An opened document as text: key, backend, id, then the article (or that the backend knew no such id)."""
+    p = entry.passage
+    head = f"key {entry.key}  fingerprint {entry.fingerprint}  max_chars {entry.max_chars}\nopened: {entry.doc_id}"
+    return head + ("\n  (no document has this id)" if p is None else f"\n  [{p.id}] {p.title}: {p.text}")
+
+
+def find_entry(store: RecordingStore, key: str) -> Entry | DocumentEntry:
+    """The search or document entry of ``key`` or of a unique key prefix.
 
     Raises:
         KeyError: no entry, or a prefix shared by several.
     """
-    exact = store.get_many([key])
-    if key in exact:
-        return exact[key]
-    rows = [e for e in store.entries(limit=10**9) if e.key.startswith(key)]
-    if len(rows) != 1:
-        raise KeyError(f"{len(rows)} entries of {store.path} have a key starting with {key!r}")
-    return rows[0]
+    keys = [key] if store.get_many([key]) or store.get_documents([key]) else store.keys_starting(key)
+    if not keys:
+        raise KeyError(f"no entry of {store.path} has a key starting with {key!r}")
+    if len(keys) > 1:
+        raise KeyError(f"several entries of {store.path} have a key starting with {key!r}; give more of it")
+    return store.get_many(keys).get(keys[0]) or store.get_documents(keys)[keys[0]]
 
 
 def _list(store: RecordingStore) -> str:
@@ -64,9 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     entries.add_argument("--query", help="only queries containing this text (case-insensitive)")
     entries.add_argument("--limit", type=int, default=20)
     entries.add_argument("--json", action="store_true", help="one JSON object per line")
-    show = sub.add_parser("show", help="one entry's passages")
+    show = sub.add_parser("show", help="one entry's passages (a search) or article (an opened document)")
     show.add_argument("file")
-    show.add_argument("key", help="a retrieval key, or a unique prefix of one")
+    show.add_argument("key", help="a retrieval or document key, or a unique prefix of one")
     merge = sub.add_parser("merge", help="copy the entries of other recordings into a target (created if missing)")
     merge.add_argument("target")
     merge.add_argument("sources", nargs="+")
@@ -85,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "list":
             sys.stdout.write(_list(store))
         elif args.command == "show":
-            sys.stdout.write(format_entry(find_entry(store, args.key), text_chars=10**6) + "\n")
+            entry = find_entry(store, args.key)
+            text = format_entry(entry, 10**6) if isinstance(entry, Entry) else format_document(entry)
+            sys.stdout.write(text + "\n")
         else:
             for e in store.entries(args.fingerprint, args.query, args.limit):
                 if args.json:

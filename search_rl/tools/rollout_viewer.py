@@ -30,7 +30,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Footer, Header, Input, Select, Static
 
 from search_rl.logging_setup import MESSAGE_FORMAT, configure_logging
-from search_rl.rollout.backends import RecordingStore
+from search_rl.rollout.backends import DocumentEntry, Entry, RecordingStore
 from search_rl.tracking.jsonl import read_jsonl
 
 logger = logging.getLogger(__name__)
@@ -120,7 +120,10 @@ def retrieval_text(record: dict[str, Any], recording: RecordingStore | None = No
     out = Text()
     calls = record.get("search_calls") or []
     keys = [c.get("retrieval_key") for c in calls]
-    stored = recording.get_many([k for k in keys if k]) if recording is not None else {}
+    wanted = [k for k in keys if k]
+    stored: dict[str, Entry | DocumentEntry] = (
+        {**recording.get_many(wanted), **recording.get_documents(wanted)} if recording is not None else {}
+    )
     for i, call in enumerate(calls, 1):
         key = call.get("retrieval_key")
         where = f"entry {key}" if key else "not recorded"

@@ -8,8 +8,9 @@ says which search engine it is (``fingerprint()``), checks itself before a run (
 its calls and cost (``meter``).
 
 The room holds everything a search call crosses below the agent loop: ``retriever_client`` (the HTTP client of the
-Search-R1 ``/retrieve`` contract), ``recording`` (the SQLite store of every retrieval), ``identity``
-(``BackendIdentity``, a backend's fingerprint), ``meter`` and the backends themselves. It imports nothing of
+Search-R1 ``/retrieve`` contract), ``recording_store`` (the SQLite store of every retrieval and opened document),
+``recording`` (the retriever that writes and replays it), ``identity`` (``BackendIdentity``, a backend's
+fingerprint), ``meter`` and the backends themselves. It imports nothing of
 ``search_rl.rollout`` outside this folder; code outside imports the names below, not the modules.
 """
 
@@ -24,7 +25,8 @@ from search_rl.config import ConfigError, RetrieverClientConfig
 from search_rl.datatypes import Passage
 from search_rl.rollout.backends.identity import BackendIdentity
 from search_rl.rollout.backends.meter import CostMeter, meter_metrics, meter_of
-from search_rl.rollout.backends.recording import Entry, RecordingMiss, RecordingRetriever, RecordingStore
+from search_rl.rollout.backends.recording import RecordingMiss, RecordingRetriever
+from search_rl.rollout.backends.recording_store import DocumentEntry, Entry, RecordingStore
 from search_rl.rollout.backends.retriever_client import RetrieverClient, RetrieverError
 
 
@@ -126,6 +128,7 @@ def write_backend_manifest(path: Path, cfg: RetrieverClientConfig, retriever: An
 __all__ = [
     "BackendIdentity",
     "CostMeter",
+    "DocumentEntry",
     "Entry",
     "RecordingMiss",
     "RecordingRetriever",

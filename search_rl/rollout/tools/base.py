@@ -50,7 +50,7 @@ class ToolResult:
     """The service behind the tool failed for good (the retriever, after its retries): also counted in
     ``TrajectoryStats.retriever_errors``, so ``train_on_retriever_errors`` and the error-rate breaker see it."""
     retrieval_key: str | None = None
-    """The recording entry that answered a search (``SearchCall.retrieval_key``)."""
+    """The recording entry that answered a search or an ``open`` (``SearchCall.retrieval_key``)."""
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,14 @@ its position and name; the workers build the same tools again with ``build_tools
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 from transformers import PreTrainedTokenizerBase
 
 from search_rl.config import ConfigError, RolloutConfig
 from search_rl.config.tools import ToolSpec
 from search_rl.registry import Registry
+from search_rl.rollout.backends import RecordingRetriever
 from search_rl.rollout.tools.base import ActionFormat, Tool, check_tool, function_schema
 from search_rl.rollout.tools.open import DocumentSource, OpenTool
 from search_rl.rollout.tools.search import Retriever, SearchTool
@@ -27,16 +28,28 @@ def _where(i: int, spec: ToolSpec) -> str:
     return f"{KEY}[{i}] ({spec.name})"
 
 
+def _serves_documents(retriever: Retriever | None) -> TypeGuard[DocumentSource]:
+    """A ``DocumentSource`` that can answer: a ``RecordingRetriever`` has ``documents`` over any backend, and says
+    with ``serves_documents`` whether the backend it records serves them."""
+    return isinstance(retriever, DocumentSource) and bool(getattr(retriever, "serves_documents", True))
+
+
+def _backend_name(retriever: Retriever) -> str:
+    if isinstance(retriever, RecordingRetriever):  # name what it records, not the wrapper
+        return f"{retriever.fp.backend} (recorded, fingerprint {retriever.fp.id})"
+    return type(retriever).__name__
+
+
 def _instantiate(i: int, spec: ToolSpec, retriever: Retriever | None, cfg: RolloutConfig | None) -> Tool:
     """Build entry ``i``; a built-in ``open`` over ``retriever`` (None: only its settings are checked)."""
     where = _where(i, spec)
     if not spec.entry_point:  # a built-in (config.tools.BUILTIN_TOOLS)
         on_error = cfg.on_retriever_error if cfg is not None else "raise"
-        source = retriever if isinstance(retriever, DocumentSource) else None
+        source = retriever if _serves_documents(retriever) else None
         if retriever is not None and source is None:
             raise ConfigError(
-                f"{where}: the search backend {type(retriever).__name__} serves no documents; open needs the "
-                "retriever service (retriever.backend=http, no recording)"
+                f"{where}: the search backend {_backend_name(retriever)} serves no documents; open needs the "
+                "retriever service (retriever.backend=http, with or without a recording, or a replay of one)"
             )
         factory: Any = lambda **kw: OpenTool(source, on_error=on_error, **kw)  # noqa: E731
     else:
@@ -62,7 +75,8 @@ def check_tool_specs(specs: Sequence[ToolSpec], search_backend: str | None = Non
 
     Args:
         specs: ``rollout.tools``.
-        search_backend: ``retriever.backend`` when known (``open`` needs ``http``).
+        search_backend: ``retriever.backend`` when known (``open`` needs ``http`` or ``replay``; a replay of a
+            backend that served no documents is refused when the workers build the tools).
 
     Raises:
         ConfigError: an entry point that cannot be imported, settings its constructor refuses, a declaration a
@@ -70,10 +84,11 @@ def check_tool_specs(specs: Sequence[ToolSpec], search_backend: str | None = Non
     """
     for i, spec in enumerate(specs):
         _instantiate(i, spec, None, None)
-        if not spec.entry_point and search_backend not in (None, "http"):
+        if not spec.entry_point and search_backend not in (None, "http", "replay"):
             raise ConfigError(
                 f"{_where(i, spec)}: open reads documents from the retriever service, and retriever.backend is "
-                f"{search_backend}; use retriever.backend=http or drop the tool"
+                f"{search_backend}, which serves none; use retriever.backend=http (a recording of it replays with "
+                "retriever.backend=replay) or drop the tool"
             )
 
 

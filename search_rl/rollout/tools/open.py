@@ -1,6 +1,7 @@
 """The ``open`` tool: the whole article of a search hit, by the hit's document id, so the model can read past a
 passage. The retriever serves it (``POST /documents``, bounded in characters); search results show each passage's id
-when ``open`` is on (``Doc 1(Title: T; id: 123) …``).
+when ``open`` is on (``Doc 1(Title: T; id: 123) …``). Over a recording (``RecordingRetriever``) each answer
+carries its recording key, as a search's does.
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ class DocumentSource(Protocol):
     """A backend that serves whole documents by id (``RetrieverClient.documents``)."""
 
     async def documents(self, ids: Sequence[str], max_chars: int) -> list[Passage | None]: ...
+
+
+@runtime_checkable
+class KeyedDocumentSource(Protocol):
+    """A document source whose answers have recording keys (``RecordingRetriever``); open calls point to them."""
+
+    def document_keys(self, ids: Sequence[str], max_chars: int) -> list[str]: ...
 
 
 class OpenTool:
@@ -64,7 +72,11 @@ class OpenTool:
                 raise
             logger.warning("retriever failed to open %d documents; inserting error observations", len(ids))
             return [ToolResult(RETRIEVER_ERROR_TEXT, failed=True, unavailable=True) for _ in ids]
+        keyed = self.source if isinstance(self.source, KeyedDocumentSource) else None
+        keys = keyed.document_keys(ids, self.max_chars) if keyed is not None else [None] * len(ids)
         return [
-            ToolResult(passages=(d,)) if d is not None else ToolResult(f"No document has the id {i!r}.", failed=True)
-            for i, d in zip(ids, docs, strict=True)
+            ToolResult(passages=(d,), retrieval_key=k)
+            if d is not None
+            else ToolResult(f"No document has the id {i!r}.", failed=True, retrieval_key=k)
+            for i, d, k in zip(ids, docs, keys, strict=True)
         ]

@@ -7,6 +7,7 @@ Run: python -m pytest tests/search_rl/rollout/tools/test_tool_config.py -q
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 
 import pytest
@@ -14,9 +15,11 @@ import pytest
 from search_rl.config import ConfigError, RolloutConfig
 from search_rl.config.tools import ToolSpec
 from search_rl.configure import load_config
+from search_rl.datatypes import Passage
 from search_rl.main_sft import load_sft_config
 from search_rl.prompt_data import encode_prompt
-from search_rl.rollout.tools import check_tool_specs, prompt_tools
+from search_rl.rollout.backends import BackendIdentity, RecordingRetriever, RecordingStore
+from search_rl.rollout.tools import OpenTool, build_tools, check_tool_specs, prompt_tools
 
 EXAMPLE = "search_rl.rollout.tools.example:Glossary"
 
@@ -68,10 +71,57 @@ def test_entries_are_built_once_before_ray(spec, message):
         check_tool_specs([spec])
 
 
+class Backend:
+    """A live search backend of a kind (``http`` serves documents, the others do not)."""
+
+    def __init__(self, kind: str) -> None:
+        self.fp = BackendIdentity.of(kind, name="test")
+
+    def fingerprint(self) -> BackendIdentity:
+        return self.fp
+
+    async def search(self, queries, topk=None):
+        return [[Passage("1", "T", q)] for q in queries]
+
+
+class DocumentServer(Backend):
+    async def documents(self, ids, max_chars):
+        return [Passage(i, "T", "article") for i in ids]
+
+
 def test_open_needs_the_retriever_service():
-    check_tool_specs([ToolSpec(name="open")], "http")
-    with pytest.raises(ConfigError, match="open reads documents from the retriever service"):
-        check_tool_specs([ToolSpec(name="open")], "web")
+    for backend in ("http", "replay"):
+        check_tool_specs([ToolSpec(name="open")], backend)
+    for backend in ("web", "simulated"):
+        with pytest.raises(ConfigError, match=f"retriever.backend is {backend}, which serves none; use retriever"):
+            check_tool_specs([ToolSpec(name="open")], backend)
+    cache = ["retriever.recording.mode=cache", "retriever.recording.path=unused.sqlite"]
+    load_config(["actor_rollout_ref.rollout.tools=[{name: open}]", *cache])
+    with pytest.raises(ConfigError, match=r"tools\[0\] \(open\): open reads documents"):
+        load_config(["actor_rollout_ref.rollout.tools=[{name: open}]", "retriever.backend=web", *cache])
+
+
+def test_open_is_built_over_a_recording_of_a_backend_that_serves_documents(tmp_path):
+    cfg = RolloutConfig(tools=[ToolSpec(name="open")])
+    http = DocumentServer("http")
+    store = RecordingStore(tmp_path / "r.sqlite")
+    recorded = RecordingRetriever(store, "cache", http.fp, 3, http)
+    [_, tool] = build_tools(cfg, recorded)
+    assert isinstance(tool, OpenTool) and tool.source is recorded
+    result = asyncio.run(tool.call({"doc_id": "1"}))
+    assert result.passages == (Passage("1", "T", "article"),)
+    assert result.retrieval_key == recorded.document_keys(["1"], tool.max_chars)[0], "the call points into the file"
+    replay = RecordingRetriever(RecordingStore(tmp_path / "r.sqlite", read_only=True), "replay", http.fp, 3)
+    [_, tool] = build_tools(cfg, replay)
+    assert asyncio.run(tool.call({"doc_id": "1"})) == result
+    for kind in ("web", "simulated"):
+        live = Backend(kind)
+        for retriever in (live, RecordingRetriever(store, "record", live.fp, 3, live)):
+            with pytest.raises(ConfigError, match="serves no documents; open needs the retriever service"):
+                build_tools(cfg, retriever)
+        replayed = RecordingRetriever(store, "replay", live.fp, 3)
+        with pytest.raises(ConfigError, match=f"search backend {kind} \\(recorded, fingerprint {live.fp.id}\\)"):
+            build_tools(cfg, replayed)
 
 
 def test_tools_load_from_the_command_line():
