@@ -20,7 +20,6 @@ from retriever_server.api.schemas import (
     RetrieveRequest,
     RetrieveResponse,
 )
-from retriever_server.api.service import CorpusDocuments
 from retriever_server.api.state import ServiceDep, StateDep
 from retriever_server.identity import search_settings
 from retriever_server.redaction import without_paths
@@ -102,12 +101,11 @@ async def retrieve(req: RetrieveRequest, request: Request, state: StateDep, serv
     return Response(orjson.dumps({"result": result}), media_type="application/json")
 
 
-@router.post("/documents", response_model=DocumentsResponse, responses=RETRIEVE_ERRORS | {501: {"model": ErrorMessage}})
+@router.post("/documents", response_model=DocumentsResponse, responses=RETRIEVE_ERRORS)
 async def documents(req: DocumentsRequest, service: ServiceDep) -> Response:
-    """The whole article of each document id (the ``open`` tool of the rollout), cut to ``max_chars`` characters."""
-    if not isinstance(service.documents, CorpusDocuments):
-        return JSONResponse({"detail": "this deployment serves no articles (sharded index)"}, status_code=501)
-    found = await asyncio.to_thread(service.documents.articles.articles, req.ids, req.max_chars)
+    """The whole article of each document id (the ``open`` tool of the rollout), cut to ``max_chars`` characters;
+    null for an id the corpus does not have. A sharded index joins an article that crosses shards."""
+    found = await service.documents.articles(req.ids, req.max_chars)
     return Response(orjson.dumps({"result": found}), media_type="application/json")
 
 

@@ -8,6 +8,10 @@ machine, the same HTTP service outside (so the trainer's client does not change)
         <- merged into one top-k per query (``retrievers.sharded.merge_topk``); the documents at the positions
            answered are then fetched from the shards that hold them
 
+``POST /documents`` asks every shard for the ids at once; the shard that holds an id's row answers with its article
+within its rows, and an article that crosses a shard boundary is completed from the neighbouring shards, so the
+answer is the one-process server's on the same corpus.
+
 A shard is an index file over consecutive corpus rows plus a corpus: either a store holding exactly those rows
 (``index_convert --shards K --corpus C`` writes both), or the whole corpus (then the shard reads rows
 ``offset .. offset + ntotal``). Start it on a running cluster (``ray start --head`` ...)::
@@ -40,7 +44,7 @@ from ray import serve
 
 from retriever_server.api.app import create_app
 from retriever_server.api.schemas import ShardInfo
-from retriever_server.api.service import Document, Hit
+from retriever_server.api.service import MAX_ARTICLE_ROWS, ArticlePart, CorpusArticles, Document, Hit, joined_article
 from retriever_server.api.state import LoadedIndex, ProgressFn
 from retriever_server.identity import file_sha256, shards_identity
 from retriever_server.retrievers.encoder import Encoder
@@ -84,6 +88,7 @@ class IndexShard:
                 f"{len(self.corpus)} rows (neither this shard's rows nor the whole corpus)"
             )
         self.offset, self.doc_base = shard.offset, 0 if own_rows else shard.offset
+        self.lookup = CorpusArticles(self.corpus, self.offset - self.doc_base, range(self.offset, self.offset + n))
         self.index_file = Path(shard.index_path)
         self.index_sha256 = file_sha256(self.index_file, s.index_dir)
         set_search_params(self.index, s.hnsw_ef_search, s.ivf_nprobe)
@@ -96,6 +101,16 @@ class IndexShard:
     def documents(self, positions: list[int]) -> dict[int, Document]:
         """The documents at these global positions (all within this shard)."""
         return {p: self.corpus.document(p - self.offset + self.doc_base) for p in positions}
+
+    def articles(self, ids: list[str], max_chars: int) -> list[tuple[int, ArticlePart] | None]:
+        """(global row, the part of its article within this shard's corpus) of each id among this shard's rows, else
+        None: a shard that reads the whole corpus answers only its own rows, so that one shard answers each id."""
+        return self.lookup.parts(ids, max_chars)
+
+    def article_part(self, title: str, position: int, start: int, max_chars: int) -> ArticlePart:
+        """The part of an article crossing from a neighbouring shard (hit at ``position``) that holds ``start``, this
+        shard's first row or its end, within this shard's rows."""
+        return self.lookup.part(title, position, start, max_chars)
 
     def describe(self) -> dict[str, Any]:
         """This shard's rows, file, hashes and the Ray node this replica runs on."""
@@ -130,7 +145,7 @@ class ShardFanout:
 
 
 class ShardDocuments:
-    """The documents of hits, fetched from the shards that hold them (one call per shard concerned)."""
+    """The documents of hits and the articles of ids, fetched from the shards that hold them."""
 
     def __init__(self, shards: list[Any], infos: list[ShardInfo]) -> None:
         self.shards, self.offsets = shards, [info.offset for info in infos]  # in row order
@@ -139,14 +154,45 @@ class ShardDocuments:
     def __len__(self) -> int:
         return self.total
 
+    def shard_of(self, row: int) -> int:
+        """The index of the shard that holds global row ``row``."""
+        return bisect.bisect_right(self.offsets, row) - 1
+
     async def rows(self, hits: list[list[Hit]]) -> list[list[Document]]:
         wanted: dict[int, list[int]] = {}
         for p in {p for row in hits for p, _ in row}:
-            wanted.setdefault(bisect.bisect_right(self.offsets, p) - 1, []).append(p)
+            wanted.setdefault(self.shard_of(p), []).append(p)
         found: dict[int, Document] = {}
         for part in await asyncio.gather(*(self.shards[i].documents.remote(ps) for i, ps in wanted.items())):
             found |= part
         return [[found[p] for p, _ in row] for row in hits]
+
+    async def articles(self, ids: list[str], max_chars: int) -> list[dict[str, object] | None]:
+        """Every shard is asked for every id (one call each); the shard holding an id answers with its part."""
+        answers = await asyncio.gather(*(shard.articles.remote(ids, max_chars) for shard in self.shards))
+        hits = [next((a[i] for a in answers if a[i] is not None), None) for i in range(len(ids))]
+        joined = await asyncio.gather(*(self._article(h[0], h[1], max_chars) for h in hits if h is not None))
+        found = iter(joined)
+        return [None if h is None else {"id": doc_id, **next(found)} for doc_id, h in zip(ids, hits, strict=True)]
+
+    async def _article(self, position: int, part: ArticlePart, max_chars: int) -> dict[str, object]:
+        """The article of the hit at ``position`` from its shard's part: the rows sharing its title at the end of the
+        shards before and the start of the shards after are fetched while the part reaches a shard boundary."""
+        parts = [part]
+        while parts[0].open_before:
+            before = self.shards[self.shard_of(parts[0].first - 1)]
+            parts.insert(0, await before.article_part.remote(part.title, position, parts[0].first, max_chars))
+        while parts[-1].open_after and parts[-1].end < self.total and _may_grow(parts, max_chars):
+            after = self.shards[self.shard_of(parts[-1].end)]
+            parts.append(await after.article_part.remote(part.title, position, parts[-1].end, max_chars))
+        return joined_article(parts, max_chars)
+
+
+def _may_grow(parts: list[ArticlePart], max_chars: int) -> bool:
+    """Whether rows after ``parts`` can change their article: its text is not yet cut, or its rows are not yet
+    counted to the bound."""
+    chars = sum(len(t) + 1 for p in parts for t in p.texts)
+    return chars <= max_chars or parts[-1].end - parts[0].first < MAX_ARTICLE_ROWS
 
 
 def load_shards(shards: list[Any], settings: Settings, progress: ProgressFn) -> LoadedIndex:

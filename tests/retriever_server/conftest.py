@@ -29,6 +29,9 @@ RAY_ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED":
 """Loopback-only nodes: no token authentication, no usage stats."""
 SERVE_ROWS = 600
 """Rows of the shared Ray Serve retriever (two Flat shards of 300, from the shipped embeddings)."""
+SERVE_ARTICLE = range(296, 304)
+"""Rows of the shared Ray Serve retriever's corpus given one title: an article of 8 passages that crosses the shard
+boundary (row 300); every shipped article has one passage."""
 
 
 def read_shipped_rows(n: int | None = None) -> list[dict[str, str]]:
@@ -177,13 +180,22 @@ def ray_serve_shards() -> Callable[..., contextlib.AbstractContextManager[tuple[
 
 
 @pytest.fixture(scope="session")
-def ray_serve_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """URL of the Ray Serve retriever on a one-node, one-CPU cluster: two Flat shards over 600 shipped passages,
+def ray_serve_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The corpus of ``ray_serve_url``: the first ``SERVE_ROWS`` shipped passages, rows ``SERVE_ARTICLE`` retitled
+    as one article (their vectors stay the shipped ones)."""
+    rows = read_shipped_rows(SERVE_ROWS)
+    for i in SERVE_ARTICLE:
+        rows[i] = {"id": rows[i]["id"], "contents": '"Crossing article"\n' + rows[i]["contents"].partition("\n")[2]}
+    return write_corpus(tmp_path_factory.mktemp("ray-serve-corpus") / "corpus.jsonl", rows)
+
+
+@pytest.fixture(scope="session")
+def ray_serve_url(tmp_path_factory: pytest.TempPathFactory, ray_serve_corpus: Path) -> Iterator[str]:
+    """URL of the Ray Serve retriever on a one-node, one-CPU cluster: two Flat shards over ``ray_serve_corpus``,
     a quarter CPU per replica, no result cache (so every request is searched)."""
-    tmp = tmp_path_factory.mktemp("ray-serve")
-    corpus = write_corpus(tmp / "corpus.jsonl", read_shipped_rows(SERVE_ROWS))
+    tmp, no_cache = tmp_path_factory.mktemp("ray-serve"), {"RETRIEVER_CACHE_SIZE": "0"}
     with (
         ray_nodes(tmp) as address,
-        serve_shards(tmp, corpus, SERVE_ROWS, address, (0.25, 0.25), {"RETRIEVER_CACHE_SIZE": "0"}) as (url, _),
+        serve_shards(tmp, ray_serve_corpus, SERVE_ROWS, address, (0.25, 0.25), no_cache) as (url, _),
     ):
         yield url

@@ -1,7 +1,9 @@
 """The Ray Serve retriever on a local two-node Ray cluster (``ray start --head`` + ``ray start --address``, one CPU
 each): two Flat shards, one per node, answer ``POST /retrieve`` with the same top-k as one Flat index over the same
-vectors searched in this process, and ``GET /health`` identifies the index as the one-process server does.
-``python -m pytest tests/retriever_server/serve/test_ray_serve.py`` (about two minutes).
+vectors searched in this process, and ``GET /health`` identifies the index as the one-process server does. On the
+shared one-node deployment (``ray_serve_url``), ``POST /documents`` answers the one-process server's articles, one of
+them crossing the shard boundary. ``python -m pytest tests/retriever_server/serve/test_ray_serve.py`` (about three
+minutes).
 
 The request path (limits, error answers, guard, cache, shedding) is the one-process server's; the schema fuzz and
 the poison-query tests in ``tests/retriever_server/api/`` run against both servers.
@@ -18,8 +20,11 @@ import numpy as np
 import pytest
 from numerics import assert_same_top_k, reorder_tol
 
+from retriever_server.api.schemas import MAX_ARTICLE_CHARS
+from retriever_server.api.service import CorpusArticles
 from retriever_server.index.corpus import load_corpus
 from retriever_server.index.shipped_embeddings import SHIPPED_EMBEDDINGS_DIR
+from retriever_server.passages import split_contents
 from retriever_server.retrievers.encoder import Encoder
 from retriever_server.retrievers.sharded import merge_topk
 
@@ -77,6 +82,31 @@ def test_two_shards_on_two_nodes_match_one_index(
     assert health["index_key"].startswith("shards-") and len(health["corpus_sha256"]) == 64
     assert health["search_settings"]["encoder_model"] == "all-MiniLM-L6-v2"
     assert health["search_settings"]["encoder_backend"] == "onnx"  # auto, for the shipped MiniLM on CPU
+
+
+def test_sharded_articles_equal_the_one_process_ones(
+    ray_serve_url: str, ray_serve_corpus: Path, tmp_path: Path
+) -> None:
+    """Each shard holds its own rows (``index_convert --shards 2 --corpus``); an article of 8 passages crosses row 300,
+    and ``max_chars`` cuts it in either shard, exactly at the boundary, or not at all."""
+    corpus = load_corpus(ray_serve_corpus, tmp_path / "stores")
+    crossing = [i for i, c in enumerate(corpus.contents) if split_contents(c)[0] == "Crossing article"]
+    assert crossing[0] < ROWS // 2 <= crossing[-1] and len(crossing) > 2
+    one_process = CorpusArticles(corpus)
+    ids = [str(i) for i in (0, crossing[0], ROWS // 2 - 1, ROWS // 2, crossing[-1], crossing[-1] + 1, ROWS - 1)]
+    ids.append("no-such-id")
+    in_shard0 = len(" ".join(split_contents(corpus.contents[i])[1] for i in crossing if i < ROWS // 2))
+    whole = len(" ".join(split_contents(corpus.contents[i])[1] for i in crossing))
+    answers: dict[int, list] = {}
+    for max_chars in (1, 700, in_shard0, in_shard0 + 1, 2500, whole - 1, whole, MAX_ARTICLE_CHARS):
+        r = httpx.post(f"{ray_serve_url}/documents", json={"ids": ids, "max_chars": max_chars}, timeout=60)
+        assert r.status_code == 200, r.text
+        answers[max_chars] = r.json()["result"]
+        assert answers[max_chars] == one_process.articles(ids, max_chars), max_chars
+    article = answers[whole][1]  # from the article's first row: its rows in both shards, whole
+    assert article["passages"] == len(crossing) and not article["truncated"]
+    assert article["text"].endswith(split_contents(corpus.contents[crossing[-1]])[1])
+    assert answers[whole - 1][1]["truncated"] and answers[whole][-1] is None
 
 
 def test_merge_fills_from_either_shard_and_skips_empty_slots() -> None:
