@@ -21,10 +21,11 @@ def run_budgets(s: DemoSettings) -> dict[str, Any]:
         "max_obs_tokens": s.max_obs_tokens,
         "max_response_tokens": s.max_response_tokens,
         "seed": s.seed,
+        "gen_batches": s.gen_batches,
     }
 
 
-RECORDED_BEFORE = {"seed": 0}
+RECORDED_BEFORE = {"seed": 0, "gen_batches": 1}
 """What a run folder recorded before a setting joined ``run_budgets`` was made with."""
 
 

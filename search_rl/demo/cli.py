@@ -115,6 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=3, help="RL (GRPO) steps")
     ap.add_argument("--prompts", type=int, default=4, help="prompts per RL step")
     ap.add_argument("--group-size", type=int, default=4, help="samples per prompt (the GRPO group)")
+    ap.add_argument(
+        "--gen-batches",
+        type=_positive,
+        default=2,
+        help="most generation batches per RL step (dynamic sampling fills the step with groups with signal; 1 = off)",
+    )
     ap.add_argument("--eval-samples", type=int, default=50, help="test questions each stage is scored on")
     ap.add_argument("--max-turns", type=_positive, default=2, help="search turns per episode")
     ap.add_argument("--max-obs-tokens", type=_positive, default=384, help="tokens of passages shown per search")
@@ -142,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         fresh=args.fresh,
         max_obs_tokens=args.max_obs_tokens,
         seed=args.seed,
+        gen_batches=args.gen_batches,
     )
     try:
         return run_demo(s, port)

@@ -56,7 +56,12 @@ def train_overrides(s: DemoSettings, retriever_url: str, start: Path, fresh: boo
     folder) with LoRA
     adapters (rank 16 at lr 1e-4, the learning recipe's: a cheaper update), mini-batches of half the prompts (at least
     one: several optimizer steps per batch), F1 partial credit so groups of wrong answers still differ, no KL term
-    (no reference pass)."""
+    (no reference pass), and dynamic sampling over up to ``s.gen_batches`` generation batches per step."""
+    filtering = (
+        ["algorithm.filter_groups.enable=true", f"algorithm.filter_groups.max_num_gen_batches={s.gen_batches}"]
+        if s.gen_batches > 1
+        else []
+    )
     return [
         "algorithm=grpo",
         f"model.path={start}",
@@ -71,6 +76,7 @@ def train_overrides(s: DemoSettings, retriever_url: str, start: Path, fresh: boo
         "reward.partial_credit=f1",
         "reward.partial_credit_weight=0.5",
         "algorithm.use_kl_loss=false",
+        *filtering,
         *budget_overrides(s, retriever_url),
     ]
 

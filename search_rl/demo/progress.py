@@ -34,7 +34,16 @@ class ProgressSink:
         self.bar = tqdm(total=total_steps, initial=first_step, desc=desc, unit="step", dynamic_ncols=True)
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
-        if "reward/groups_all_equal" in metrics and self.groups:
+        if "dynamic_sampling/trained_groups" in metrics and self.groups:
+            trained, batches = round(metrics["dynamic_sampling/trained_groups"]), round(
+                metrics["dynamic_sampling/gen_batches"]
+            )
+            dropped = round(metrics["dynamic_sampling/dropped_groups"])
+            tqdm.write(
+                f"step {step}: {trained} of {self.groups} groups with signal trained (rewards not all equal; "
+                f"{batches} generation batches, {dropped} flat groups dropped)"
+            )
+        elif "reward/groups_all_equal" in metrics and self.groups:
             with_signal = round(self.groups * (1.0 - metrics["reward/groups_all_equal"]))
             tqdm.write(f"step {step}: {with_signal} of {self.groups} groups with signal (rewards not all equal)")
         shown = {label: f"{metrics.get(key, float('nan')):.3f}" for label, key in self.fields}

@@ -42,6 +42,9 @@ class DemoSettings:
     the NQ passages, docs/learning.md)."""
     seed: int = 0
     """``trainer.seed`` of the warm start and RL (data order, sampling); the evaluation questions stay the same."""
+    gen_batches: int = 2
+    """Most generation batches per RL step: DAPO's dynamic sampling drops the groups whose rewards are all equal and
+    rolls out further prompts, up to this many batches, to fill the step with groups that carry signal (1: off)."""
 
     @property
     def max_response_tokens(self) -> int:
