@@ -12,7 +12,8 @@ first start builds the dense index from the shipped embeddings in seconds and ca
 ``~/.cache/search-rl/indexes``), then the recipe with small budgets, each stage with a progress bar:
 
 1. a short supervised warm start (``main_sft``) on the shipped search trajectories → ``runs/demo/sft``;
-2. GRPO from it (``main_ppo algorithm=grpo``, LoRA adapters, F1 partial credit, no KL term) → ``runs/demo/rl``;
+2. GRPO from it (``main_ppo algorithm=grpo``, LoRA adapters, F1 partial credit, no KL term, dynamic sampling over up
+   to two generation batches per step) → ``runs/demo/rl``;
 3. greedy evaluation with search (``main_eval``) of the base model, the warm start and the RL policy on the same
    held-out test questions → ``runs/demo/eval/<stage>``;
 4. a table (EM, F1, answer rate, searches, gold retrieved) with paired comparisons (``tools.compare_evals``), the
@@ -22,18 +23,21 @@ Every stage shows the policy up to 384 tokens of passages per search (``--max-ob
 The console shows progress, one result line per stage and the final table; every metric is in the stage's files
 (``metrics.jsonl``, ``eval/<stage>/*/metrics.json``).
 
-The retriever it started is stopped on success, failure and Ctrl-C. Re-running reuses what exists: the cached index,
-the converted model, finished stages and their evaluations (``--fresh`` starts over; a retrained warm start retrains
-and re-evaluates what follows it).
+The retriever it started is stopped on success, failure and Ctrl-C (exit code 130). Re-running reuses what exists:
+the cached index, the converted model, finished stages and their evaluations (``--fresh`` starts over; a retrained
+warm start retrains and re-evaluates what follows it).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
+from types import FrameType
 
 from retriever_server.launcher import RetrieverProcess
 from retriever_server.settings import DEFAULT_PORT, get_settings
@@ -90,6 +94,19 @@ def run_demo(s: DemoSettings, port: int) -> int:
     ems = " ".join(f"{r.name}={r.metrics['eval/all/em']:.4f}" for r in runs)
     sys.stdout.write(f"demo n={s.eval_samples} em {ems}\n")  # the result line, last on stdout
     return 0
+
+
+class InterruptRecord:
+    """A SIGINT handler that raises ``KeyboardInterrupt`` as Python's own does and records that the signal came, so
+    that a Ctrl-C a library turned into another exception (OmegaConf wraps one that lands while Hydra builds its
+    config store at import) still ends the demo as an interruption."""
+
+    def __init__(self) -> None:
+        self.received = False
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.received = True
+        raise KeyboardInterrupt
 
 
 def _positive(text: str) -> int:
@@ -150,14 +167,25 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         gen_batches=args.gen_batches,
     )
+    interrupt = InterruptRecord()
+    # Only over Python's default: a SIGINT ignored (a job a shell started in the background) stays ignored.
+    own = threading.current_thread() is threading.main_thread()  # only the main thread may set handlers
+    previous = signal.getsignal(signal.SIGINT)
+    own = own and previous is signal.default_int_handler
+    if own:
+        signal.signal(signal.SIGINT, interrupt)
     try:
         return run_demo(s, port)
-    except KeyboardInterrupt:
-        logger.error("interrupted; the retriever was stopped")
-        return 130
-    except Exception:  # process boundary: say what was cleaned up and where to look, then fail loudly
-        logger.error(
-            "demo failed; the retriever was stopped. Retriever log: %s; see docs/troubleshooting.md",
-            s.run_dir / "retriever.log",
-        )
+    except BaseException as e:  # process boundary: say what was cleaned up and where to look
+        if isinstance(e, KeyboardInterrupt) or interrupt.received:
+            logger.error("interrupted; the retriever was stopped")
+            return 130
+        if isinstance(e, Exception):
+            logger.error(
+                "demo failed; the retriever was stopped. Retriever log: %s; see docs/troubleshooting.md",
+                s.run_dir / "retriever.log",
+            )
         raise
+    finally:
+        if own:
+            signal.signal(signal.SIGINT, previous)

@@ -22,6 +22,7 @@ import pytest
 
 from retriever_server.launcher import free_port
 from search_rl.configure import load_config
+from search_rl.demo import cli
 from search_rl.demo.budgets import BUDGETS_FILE, check_budgets
 from search_rl.demo.cli import main
 from search_rl.demo.overrides import eval_overrides, sft_overrides, train_overrides
@@ -54,6 +55,9 @@ def test_stages_share_the_search_loop_and_budgets(tmp_path):
     assert rl.model.path == str(start) and rl.algorithm.adv_estimator == "grpo"
     assert (rl.model.lora_rank, rl.actor_rollout_ref.actor.optim.lr) == (16, 1e-4) and sft.model.lora_rank == 0
     assert rl.actor_rollout_ref.rollout.n == 4 and rl.data.train_batch_size == 4
+    assert rl.algorithm.filter_groups.enable and rl.algorithm.filter_groups.max_num_gen_batches == 2
+    one_batch = load_config(train_overrides(dataclasses.replace(s, gen_batches=1), url, start))
+    assert not one_batch.algorithm.filter_groups.enable
     assert rl.data.train_files == [str(RL_QUESTIONS)] and sft.data.train_files != rl.data.train_files
     assert sft.trainer.default_local_dir == str(tmp_path / "sft")
     assert rl.trainer.default_local_dir == str(tmp_path / "rl")
@@ -93,6 +97,19 @@ def test_rl_progress_prints_the_groups_with_signal(capsys):
     assert "step 1: 3 of 4 groups with signal" in text and "step 2: 0 of 4 groups with signal" in text
 
 
+def test_rl_progress_with_dynamic_sampling_counts_the_groups_trained(capsys):
+    """With dynamic sampling the line counts the groups the step trained on (all with signal), not the share of
+    flat groups averaged over its generation batches."""
+    sink = ProgressSink(3, desc="rl", groups=4)
+    filtered = {"dynamic_sampling/trained_groups": 3.0, "dynamic_sampling/gen_batches": 2.0}
+    sink.log({**filtered, "dynamic_sampling/dropped_groups": 5.0, "reward/groups_all_equal": 0.625}, step=1)
+    sink.close()
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "step 1: 3 of 4 groups with signal trained" in text and "2 generation batches, 5 flat groups dropped" in text
+    assert "1 of 4" not in text  # not the flat share of the generation batches
+
+
 def test_a_run_folder_is_reused_only_with_its_own_budgets(tmp_path):
     """A rerun with the same settings may reuse the folder; other budgets (or a folder from before budgets were
     recorded) are refused with the difference named, and --fresh starts over and records the new ones."""
@@ -113,13 +130,19 @@ def test_a_run_folder_is_reused_only_with_its_own_budgets(tmp_path):
     check_budgets(narrow)
     with pytest.raises(ValueError, match=r"seed: 0 there, 1 now"):
         check_budgets(dataclasses.replace(narrow, seed=1))
+    # ... and before dynamic sampling was: one generation batch per step
+    del recorded["gen_batches"]
+    (run / BUDGETS_FILE).write_text(json.dumps(recorded))
+    with pytest.raises(ValueError, match=r"gen_batches: 1 there, 2 now"):
+        check_budgets(narrow)
+    check_budgets(dataclasses.replace(narrow, gen_batches=1))
     old = tmp_path / "old"
     (old / "sft").mkdir(parents=True)
     with pytest.raises(ValueError, match="without budgets.json"):
         check_budgets(dataclasses.replace(s, run_dir=old))
 
 
-@pytest.mark.parametrize("flag", ["--max-turns", "--max-obs-tokens"])
+@pytest.mark.parametrize("flag", ["--max-turns", "--max-obs-tokens", "--gen-batches"])
 def test_budget_flags_must_be_positive(flag, capsys):
     """The response budget is computed from these: a non-positive value is refused before anything starts."""
     with pytest.raises(SystemExit) as exit_info:
@@ -169,6 +192,32 @@ def test_failed_run_stops_the_retriever(bm25, tmp_path):
     assert _down(port)
 
 
+def test_an_interrupt_a_library_rewrapped_still_exits_130(monkeypatch, tmp_path, caplog):
+    """Ctrl-C that a library caught and turned into another error (OmegaConf does, while Hydra imports) still ends
+    the demo as an interruption: exit code 130, not a traceback; the SIGINT handler is Python's again afterwards."""
+
+    def run_demo(s, port):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the handler runs here
+        except KeyboardInterrupt as e:
+            raise AttributeError("'NoneType' object has no attribute '_invalidate_flags_cache'") from e
+        raise AssertionError("SIGINT did not interrupt")
+
+    monkeypatch.setattr(cli, "run_demo", run_demo)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert cli.main(["--model", "tiny", "--port", "0", "--run-dir", str(tmp_path)]) == 130
+    assert "interrupted" in caplog.text
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+    def broken(s, port):
+        raise AttributeError("a real bug")
+
+    monkeypatch.setattr(cli, "run_demo", broken)
+    with pytest.raises(AttributeError, match="a real bug"):  # without an interrupt an error stays an error
+        cli.main(["--model", "tiny", "--port", "0", "--run-dir", str(tmp_path)])
+
+
 @pytest.mark.integration
 def test_ctrl_c_stops_the_retriever(tmp_path):
     """SIGINT while training starts: exit code 130, and the retriever the demo started is gone."""
@@ -200,7 +249,9 @@ def test_ctrl_c_stops_the_retriever(tmp_path):
         assert found, "the demo never logged the retriever's URL"
         port = int(found[1])
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=120) == 130
+        code = proc.wait(timeout=120)
+        tail = "\n".join((tmp_path / "demo.log").read_text(errors="replace").splitlines()[-40:])
+        assert code == 130, f"exit code {code}; the end of the demo's log:\n{tail}"
     finally:
         proc.kill()
         log.close()
