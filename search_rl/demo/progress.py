@@ -35,9 +35,8 @@ class ProgressSink:
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         if "dynamic_sampling/trained_groups" in metrics and self.groups:
-            trained, batches = round(metrics["dynamic_sampling/trained_groups"]), round(
-                metrics["dynamic_sampling/gen_batches"]
-            )
+            trained = round(metrics["dynamic_sampling/trained_groups"])
+            batches = round(metrics["dynamic_sampling/gen_batches"])
             dropped = round(metrics["dynamic_sampling/dropped_groups"])
             tqdm.write(
                 f"step {step}: {trained} of {self.groups} groups with signal trained (rewards not all equal; "
