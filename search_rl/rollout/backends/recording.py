@@ -9,7 +9,7 @@ A query or document id asked twice in one batch is fetched once.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from search_rl.datatypes import Passage
@@ -116,16 +116,8 @@ class RecordingRetriever:
         k = topk or self.default_topk
         keys = self.retrieval_keys(queries, k)
         found = {} if self.mode == "record" else self.store.get_many(keys)
-        missing = [i for i, key in enumerate(keys) if key not in found]
-        if missing and self.mode == "replay" and self.on_miss == "error":
-            q = queries[missing[0]]
-            raise RecordingMiss(
-                f"{len(missing)} of {len(queries)} queries are not in the recording {self.store.path} "
-                f"(fingerprint {self.fp.id}, top-k {k}), first: {q!r}. Record them with retriever.recording.mode="
-                "record or cache, or set retriever.recording.on_miss=live"
-            )
-        self.hits += len(queries) - len(missing)
-        unique = list({keys[i]: i for i in reversed(missing)}.values())[::-1]  # a query asked twice costs one call
+        hits, unique = self._to_fetch(keys, found, "queries", f"top-k {k}", [repr(q) for q in queries])
+        self.hits += hits
         self.misses += len(unique)
         live = await self._search_live([queries[i] for i in unique], [keys[i] for i in unique], k)
         out: list[list[Passage]] = []
@@ -153,18 +145,29 @@ class RecordingRetriever:
             )
         keys = self.document_keys(ids, max_chars)
         found = {} if self.mode == "record" else self.store.get_documents(keys)
-        missing = [i for i, key in enumerate(keys) if key not in found]
-        if missing and self.mode == "replay" and self.on_miss == "error":
-            raise RecordingMiss(
-                f"{len(missing)} of {len(ids)} documents are not in the recording {self.store.path} (fingerprint "
-                f"{self.fp.id}, max_chars {max_chars}), first: id {ids[missing[0]]!r}. Record them with "
-                "retriever.recording.mode=record or cache, or set retriever.recording.on_miss=live"
-            )
-        self.document_hits += len(ids) - len(missing)
-        unique = list({keys[i]: i for i in reversed(missing)}.values())[::-1]  # an id asked twice costs one call
+        hits, unique = self._to_fetch(keys, found, "documents", f"max_chars {max_chars}", [f"id {i!r}" for i in ids])
+        self.document_hits += hits
         self.document_misses += len(unique)
         live = await self._documents_live([ids[i] for i in unique], [keys[i] for i in unique], max_chars)
         return [found[key].passage if key in found else live[key] for key in keys]
+
+    def _to_fetch(
+        self, keys: list[str], found: Mapping[str, object], what: str, setting: str, shown: list[str]
+    ) -> tuple[int, list[int]]:
+        """How many of ``keys`` the file answered, and the rows to ask the live backend: the first row of each
+        distinct missing key (a query or id asked twice costs one call). ``shown`` names each row in the error.
+
+        Raises:
+            RecordingMiss: ``replay`` with ``on_miss=error`` and a key not in the file.
+        """
+        missing = [i for i, key in enumerate(keys) if key not in found]
+        if missing and self.mode == "replay" and self.on_miss == "error":
+            raise RecordingMiss(
+                f"{len(missing)} of {len(keys)} {what} are not in the recording {self.store.path} (fingerprint "
+                f"{self.fp.id}, {setting}), first: {shown[missing[0]]}. Record them with retriever.recording.mode="
+                "record or cache, or set retriever.recording.on_miss=live"
+            )
+        return len(keys) - len(missing), list({keys[i]: i for i in reversed(missing)}.values())[::-1]
 
     async def _documents_live(self, ids: list[str], keys: list[str], max_chars: int) -> dict[str, Passage | None]:
         if not ids:
