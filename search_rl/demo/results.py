@@ -55,8 +55,8 @@ def summarize(s: DemoSettings, report: str, checkpoint: Path, plots: list[Path],
         report,
         "",
         f"What RL shows at this size: {s.steps} steps of {s.prompts} prompts x {s.group_size} samples ({samples} "
-        "samples trained on) move the held-out EM by a question or two either way; recipe.png draws RL's reward as a running "
-        "mean with its 95% band, and a change inside the band is noise. The 300-question runs, with their "
+        "samples trained on) move the held-out EM by a question or two either way; recipe.png draws RL's reward as "
+        "a running mean with its 95% band, and a change inside the band is noise. The 300-question runs, with their "
         "significance, are in docs/learning.md.",
         "",
         "demo done:",
