@@ -168,10 +168,10 @@ def main(argv: list[str] | None = None) -> int:
         gen_batches=args.gen_batches,
     )
     interrupt = InterruptRecord()
-    # Only over Python's default: a SIGINT ignored (a job a shell started in the background) stays ignored.
-    own = threading.current_thread() is threading.main_thread()  # only the main thread may set handlers
     previous = signal.getsignal(signal.SIGINT)
-    own = own and previous is signal.default_int_handler
+    # Only over Python's default (a SIGINT ignored, as in a job a shell started in the background, stays ignored) and
+    # only from the main thread, the one that may set handlers.
+    own = previous is signal.default_int_handler and threading.current_thread() is threading.main_thread()
     if own:
         signal.signal(signal.SIGINT, interrupt)
     try:

@@ -9,7 +9,7 @@ A query or document id asked twice in one batch is fetched once.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from search_rl.datatypes import Passage
@@ -116,7 +116,7 @@ class RecordingRetriever:
         k = topk or self.default_topk
         keys = self.retrieval_keys(queries, k)
         found = {} if self.mode == "record" else self.store.get_many(keys)
-        hits, unique = self._to_fetch(keys, found, "queries", f"top-k {k}", [repr(q) for q in queries])
+        hits, unique = self._to_fetch(keys, found, "queries", f"top-k {k}", lambda i: repr(queries[i]))
         self.hits += hits
         self.misses += len(unique)
         live = await self._search_live([queries[i] for i in unique], [keys[i] for i in unique], k)
@@ -145,17 +145,17 @@ class RecordingRetriever:
             )
         keys = self.document_keys(ids, max_chars)
         found = {} if self.mode == "record" else self.store.get_documents(keys)
-        hits, unique = self._to_fetch(keys, found, "documents", f"max_chars {max_chars}", [f"id {i!r}" for i in ids])
+        hits, unique = self._to_fetch(keys, found, "documents", f"max_chars {max_chars}", lambda i: f"id {ids[i]!r}")
         self.document_hits += hits
         self.document_misses += len(unique)
         live = await self._documents_live([ids[i] for i in unique], [keys[i] for i in unique], max_chars)
         return [found[key].passage if key in found else live[key] for key in keys]
 
     def _to_fetch(
-        self, keys: list[str], found: Mapping[str, object], what: str, setting: str, shown: list[str]
+        self, keys: list[str], found: Mapping[str, object], what: str, setting: str, shown: Callable[[int], str]
     ) -> tuple[int, list[int]]:
         """How many of ``keys`` the file answered, and the rows to ask the live backend: the first row of each
-        distinct missing key (a query or id asked twice costs one call). ``shown`` names each row in the error.
+        distinct missing key (a query or id asked twice costs one call). ``shown(row)`` names a row in the error.
 
         Raises:
             RecordingMiss: ``replay`` with ``on_miss=error`` and a key not in the file.
@@ -164,7 +164,7 @@ class RecordingRetriever:
         if missing and self.mode == "replay" and self.on_miss == "error":
             raise RecordingMiss(
                 f"{len(missing)} of {len(keys)} {what} are not in the recording {self.store.path} (fingerprint "
-                f"{self.fp.id}, {setting}), first: {shown[missing[0]]}. Record them with retriever.recording.mode="
+                f"{self.fp.id}, {setting}), first: {shown(missing[0])}. Record them with retriever.recording.mode="
                 "record or cache, or set retriever.recording.on_miss=live"
             )
         return len(keys) - len(missing), list({keys[i]: i for i in reversed(missing)}.values())[::-1]
