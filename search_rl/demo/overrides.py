@@ -53,10 +53,11 @@ def sft_overrides(s: DemoSettings, retriever_url: str, fresh: bool = False) -> l
 
 def train_overrides(s: DemoSettings, retriever_url: str, start: Path, fresh: bool = False) -> list[str]:
     """``main_ppo`` overrides of the RL stage: GRPO on ``RL_QUESTIONS`` from the warm start ``start`` (a checkpoint
-    folder) with LoRA
-    adapters (rank 16 at lr 1e-4, the learning recipe's: a cheaper update), mini-batches of half the prompts (at least
-    one: several optimizer steps per batch), F1 partial credit so groups of wrong answers still differ, no KL term
-    (no reference pass), and dynamic sampling over up to ``s.gen_batches`` generation batches per step."""
+    folder) with LoRA adapters (rank 16 at lr 1e-4: a cheaper update than full weights, which at learning.md row 8's
+    lr did no better in three steps, docs/experiments/2026-11-29-demo-rl-full-weights.md), mini-batches of half the
+    prompts (at least one: several optimizer steps per batch), F1 partial credit so groups of wrong answers still
+    differ, no KL term (no reference pass), and dynamic sampling over up to ``s.gen_batches`` generation batches per
+    step."""
     filtering = (
         ["algorithm.filter_groups.enable=true", f"algorithm.filter_groups.max_num_gen_batches={s.gen_batches}"]
         if s.gen_batches > 1
