@@ -9,7 +9,8 @@
 #   bash bench/rl_stages.sh 3 [RUN]   # the step chosen on validation and the warm start on the 300 test questions
 #                                     # (GRPO_DIR=$RUN/grpo_fresh NAME=rl_fresh for stage 2b's run,
 #                                     #  GRPO_DIR=$RUN/grpo_2c NAME=rl_2c for stage 2c's)
-#   bash bench/rl_stages.sh 4 [RUN]   # stage 3 on the other 300 test questions (same GRPO_DIR and NAME)
+#   bash bench/rl_stages.sh 4 [RUN]   # stage 3 on the other 300 test questions, MuSiQue and Bamboogle (same GRPO_DIR
+#                                     # and NAME; SETS chooses)
 #
 # RUN defaults to runs/rl_kept. Needs the retriever at $RETRIEVER_URL (default http://127.0.0.1:8000/retrieve:
 # `python -m retriever_server &`). PYTHON selects the interpreter. Stage 1 writes the kept question list to
@@ -138,26 +139,35 @@ elif [[ $STAGE == 3 ]]; then
         tee "$RUN/test300/compare_$NAME.md"
     stamp "stage 3 done"
 elif [[ $STAGE == 4 ]]; then
-    # Stage 3's comparison on the other 300 test questions (the rows of test.parquet that data.max_samples=300 with
-    # data.seed 0 leaves out): never scored for any RL model, so a second, independent look at the chosen step.
+    # Stage 3's comparison on questions no stage has scored an RL model on: the other 300 test questions (the rows of
+    # test.parquet that data.max_samples=300 with data.seed 0 leaves out), then the shipped datasets never trained on
+    # (SETS: other300 musique bamboogle 2wikimultihopqa; MuSiQue's gold passages are in the corpus, the last two's
+    # are not checked). One evaluation per model and set, skipped when already there.
     GRPO_DIR=${GRPO_DIR:-$RUN/grpo}
     NAME=${NAME:-rl}
     BEST=$("$PY" -m search_rl.tools.best_checkpoint "$GRPO_DIR" | tail -1)
-    OTHER=$RUN/other300
-    mkdir -p "$OTHER"
-    "$PY" -c "import sys, pandas as pd, torch
-d = pd.read_parquet(sys.argv[1]); p = torch.randperm(len(d), generator=torch.Generator().manual_seed(0)).tolist()
-d.iloc[sorted(p[300:])].to_parquet(sys.argv[2], index=False)" "$DATA/test.parquet" "$OTHER/questions.parquet"
     stamp "stage 4: chosen on validation: $BEST"
-    for pair in "warm=$WARM/actor" "$NAME=$BEST/actor"; do
-        name=${pair%%=*}
-        if ! compgen -G "$OTHER/$name/*/metrics.json" >/dev/null; then
-            stamp "stage 4: $name on the other 300 test questions"
-            "$PY" -m search_rl.main_eval model.path="${pair#*=}" "data.files=[$OTHER/questions.parquet]" "${B[@]}" \
-                output_dir="$OTHER/$name"
+    for set in ${SETS:-other300 musique bamboogle}; do
+        dir=$RUN/$set
+        mkdir -p "$dir"
+        if [[ $set == other300 ]]; then
+            questions=$dir/questions.parquet
+            "$PY" -c "import sys, pandas as pd, torch
+d = pd.read_parquet(sys.argv[1]); p = torch.randperm(len(d), generator=torch.Generator().manual_seed(0)).tolist()
+d.iloc[sorted(p[300:])].to_parquet(sys.argv[2], index=False)" "$DATA/test.parquet" "$questions"
+        else
+            questions=data/datasets/eval/${set}_test.parquet
         fi
+        for pair in "warm=$WARM/actor" "$NAME=$BEST/actor"; do
+            name=${pair%%=*}
+            if ! compgen -G "$dir/$name/*/metrics.json" >/dev/null; then
+                stamp "stage 4: $name on $questions"
+                "$PY" -m search_rl.main_eval model.path="${pair#*=}" "data.files=[$questions]" "${B[@]}" \
+                    output_dir="$dir/$name"
+            fi
+        done
+        "$PY" -m search_rl.tools.compare_evals warm="$dir/warm" "$NAME=$dir/$NAME" | tee "$dir/compare_$NAME.md"
     done
-    "$PY" -m search_rl.tools.compare_evals warm="$OTHER/warm" "$NAME=$OTHER/$NAME" | tee "$OTHER/compare_$NAME.md"
     stamp "stage 4 done"
 else
     echo "stage must be 1, 2, 2b, 2c, 3 or 4" >&2; exit 2
