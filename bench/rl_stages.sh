@@ -40,6 +40,30 @@ warm_start() {
     fi
 }
 
+# Rows START to END (END empty: to the last) of parquet FILE in main_eval's seeded order (data.seed 0,
+# PromptDataset.subset_indices), in file order, written to OUT: seeded_rows FILE START END OUT.
+seeded_rows() {
+    "$PY" -c "import sys, pandas as pd, torch
+d = pd.read_parquet(sys.argv[1]); p = torch.randperm(len(d), generator=torch.Generator().manual_seed(0)).tolist()
+end = int(sys.argv[3]) if sys.argv[3] else len(d)
+d.iloc[sorted(p[int(sys.argv[2]):end])].to_parquet(sys.argv[4], index=False)" "$@"
+}
+
+# The warm start and model $2 (named $NAME) on the questions $3 describes, evaluated into $1/warm and $1/$NAME (each
+# skipped when already there), then paired; further arguments are main_eval overrides choosing the questions.
+score_pair() {
+    local dir=$1 model=$2 what=$3
+    shift 3
+    for pair in "warm=$WARM/actor" "$NAME=$model/actor"; do
+        name=${pair%%=*}
+        if ! compgen -G "$dir/$name/*/metrics.json" >/dev/null; then
+            stamp "stage $STAGE: $name on $what"
+            "$PY" -m search_rl.main_eval model.path="${pair#*=}" "$@" "${B[@]}" output_dir="$dir/$name"
+        fi
+    done
+    "$PY" -m search_rl.tools.compare_evals warm="$dir/warm" "$NAME=$dir/$NAME" | tee "$dir/compare_$NAME.md"
+}
+
 # GRPO as stages 2, 2b and 2c run it: from model $1 on questions $2 into $3, at most $4 generation batches a step;
 # further arguments are overrides of these settings.
 # Settings from the logs (docs/experiments): the 32 x 4 run collapsed entropy (0.53 -> 0.22) and pass@8
@@ -68,10 +92,7 @@ if [[ $STAGE == 1 ]]; then
         part=$RUN/samples/q$(printf %04d "$start")
         compgen -G "$part/*/metrics.json" >/dev/null && continue
         mkdir -p "$part"
-        "$PY" -c "import sys, pandas as pd, torch
-d = pd.read_parquet(sys.argv[1]); p = torch.randperm(len(d), generator=torch.Generator().manual_seed(0)).tolist()
-d.iloc[sorted(p[int(sys.argv[2]):int(sys.argv[3])])].to_parquet(sys.argv[4], index=False)" \
-            "$DATA/train.parquet" "$start" "$((start + CHUNK))" "$part/questions.parquet"
+        seeded_rows "$DATA/train.parquet" "$start" "$((start + CHUNK))" "$part/questions.parquet"
         stamp "stage 1: questions $start-$((start + CHUNK - 1)) x 4 samples at temperature 1"
         "$PY" -m search_rl.main_eval model.path="$WARM/actor" n_samples=4 "data.files=[$part/questions.parquet]" \
             "${B[@]}" output_dir="$part"
@@ -100,10 +121,7 @@ elif [[ $STAGE == 2b ]]; then
     [[ -s $OUT/from.txt ]] || "$PY" -m search_rl.tools.best_checkpoint "$RUN/grpo" | tail -1 >"$OUT/from.txt"
     FROM=$(cat "$OUT/from.txt")
     if [[ ! -s $FRESH ]]; then
-        "$PY" -c "import sys, pandas as pd, torch
-d = pd.read_parquet(sys.argv[1]); p = torch.randperm(len(d), generator=torch.Generator().manual_seed(0)).tolist()
-d.iloc[sorted(p[int(sys.argv[2]):])].to_parquet(sys.argv[3], index=False)" \
-            "$DATA/train.parquet" "${QUESTIONS:-512}" "$FRESH"
+        seeded_rows "$DATA/train.parquet" "${QUESTIONS:-512}" "" "$FRESH"
     fi
     stamp "stage 2b: GRPO from $FROM on $FRESH"
     grpo "$FROM" "$FRESH" "$OUT" 3
@@ -127,46 +145,26 @@ elif [[ $STAGE == 3 ]]; then
     NAME=${NAME:-rl}
     BEST=$("$PY" -m search_rl.tools.best_checkpoint "$GRPO_DIR" | tail -1)
     stamp "stage 3: chosen on validation: $BEST"
-    for pair in "warm=$WARM/actor" "$NAME=$BEST/actor"; do
-        name=${pair%%=*}
-        if ! compgen -G "$RUN/test300/$name/*/metrics.json" >/dev/null; then
-            stamp "stage 3: $name on the 300 test questions"
-            "$PY" -m search_rl.main_eval model.path="${pair#*=}" data.max_samples=300 "${B[@]}" \
-                output_dir="$RUN/test300/$name"
-        fi
-    done
-    "$PY" -m search_rl.tools.compare_evals warm="$RUN/test300/warm" "$NAME=$RUN/test300/$NAME" |
-        tee "$RUN/test300/compare_$NAME.md"
+    score_pair "$RUN/test300" "$BEST" "the 300 test questions" data.max_samples=300
     stamp "stage 3 done"
 elif [[ $STAGE == 4 ]]; then
     # Stage 3's comparison on questions no stage has scored an RL model on: the other 300 test questions (the rows of
     # test.parquet that data.max_samples=300 with data.seed 0 leaves out), then the shipped datasets never trained on
-    # (SETS: other300 musique bamboogle 2wikimultihopqa; MuSiQue's gold passages are in the corpus, the last two's
-    # are not checked). One evaluation per model and set, skipped when already there.
+    # (SETS: other300 musique bamboogle 2wikimultihopqa; MuSiQue's gold passages are in the corpus, Bamboogle's and
+    # 2wiki's answers need not be). One evaluation per model and set, skipped when already there.
     GRPO_DIR=${GRPO_DIR:-$RUN/grpo}
     NAME=${NAME:-rl}
     BEST=$("$PY" -m search_rl.tools.best_checkpoint "$GRPO_DIR" | tail -1)
     stamp "stage 4: chosen on validation: $BEST"
     for set in ${SETS:-other300 musique bamboogle}; do
-        dir=$RUN/$set
-        mkdir -p "$dir"
+        mkdir -p "$RUN/$set"
         if [[ $set == other300 ]]; then
-            questions=$dir/questions.parquet
-            "$PY" -c "import sys, pandas as pd, torch
-d = pd.read_parquet(sys.argv[1]); p = torch.randperm(len(d), generator=torch.Generator().manual_seed(0)).tolist()
-d.iloc[sorted(p[300:])].to_parquet(sys.argv[2], index=False)" "$DATA/test.parquet" "$questions"
+            questions=$RUN/$set/questions.parquet
+            seeded_rows "$DATA/test.parquet" 300 "" "$questions"
         else
             questions=data/datasets/eval/${set}_test.parquet
         fi
-        for pair in "warm=$WARM/actor" "$NAME=$BEST/actor"; do
-            name=${pair%%=*}
-            if ! compgen -G "$dir/$name/*/metrics.json" >/dev/null; then
-                stamp "stage 4: $name on $questions"
-                "$PY" -m search_rl.main_eval model.path="${pair#*=}" "data.files=[$questions]" "${B[@]}" \
-                    output_dir="$dir/$name"
-            fi
-        done
-        "$PY" -m search_rl.tools.compare_evals warm="$dir/warm" "$NAME=$dir/$NAME" | tee "$dir/compare_$NAME.md"
+        score_pair "$RUN/$set" "$BEST" "$questions" "data.files=[$questions]"
     done
     stamp "stage 4 done"
 else
