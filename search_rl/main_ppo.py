@@ -148,6 +148,7 @@ def step_settings(cfg: PPOConfig, tokenizer: PreTrainedTokenizerBase) -> StepSet
         old_logprobs=cfg.actor_rollout_ref.actor.old_logprobs,
         on_policy_update=cfg.on_policy_update,
         engine_matches_trainer=cfg.engine_matches_trainer,
+        one_epoch_update=cfg.actor_rollout_ref.actor.ppo_epochs == 1,
     )
 
 

@@ -109,6 +109,11 @@ class PPOConfig:
                 f"reward.overlong_buffer_tokens={buffer} must be below actor_rollout_ref.rollout.max_response_tokens="
                 f"{budget}: the overlong penalty starts that many tokens before the budget"
             )
+        if self.actor_rollout_ref.actor.old_logprobs == "update" and self.algorithm.use_kl_in_reward:
+            raise ConfigError(
+                "actor_rollout_ref.actor.old_logprobs=update computes the old log-probs inside the update, but "
+                "algorithm.use_kl_in_reward needs them before it (for the rewards); use recompute or auto"
+            )
         if self.trainer.critic_warmup > 0 and not self.use_critic:
             raise ConfigError(
                 f"trainer.critic_warmup={self.trainer.critic_warmup} warms up a critic, but the run has none "

@@ -8,7 +8,7 @@ from search_rl.config.loading import ConfigError
 from search_rl.config.model import OptimConfig
 from search_rl.config.rollout import TrainRolloutConfig
 
-OLD_LOGPROB_SOURCES = ("auto", "recompute", "rollout")
+OLD_LOGPROB_SOURCES = ("auto", "recompute", "rollout", "update")
 """Valid ``actor_rollout_ref.actor.old_logprobs`` values."""
 
 
@@ -34,9 +34,12 @@ class ActorConfig:
     gradient checkpointing) every sample's pass encodes its own prompt and samples are shuffled one by one."""
     old_logprobs: str = "auto"
     """Where the PPO ratio's old log-probs come from: ``recompute`` (a forward pass before the update),
-    ``rollout`` (the engine's sampling log-probs) or ``auto``: no pass when the update is exactly on-policy (one
-    mini-batch, one epoch, fresh weights: the ratio is 1, so the current log-probs, detached, serve), the engine's
-    when it computes as the trainer does (HF engine, float32), else recompute."""
+    ``rollout`` (the engine's sampling log-probs), ``update`` (``ppo_epochs=1`` only: the update's first mini-batch
+    takes its own log-probs, detached, and a pass before the first optimizer step covers only the other mini-batches:
+    the values of ``recompute``, one mini-batch's pass fewer) or ``auto``: no pass when the update is exactly
+    on-policy (one mini-batch, one epoch, fresh weights: the ratio is 1, so the current log-probs, detached, serve),
+    the engine's when it computes as the trainer does (HF engine, float32), else ``update`` with one epoch, else
+    ``recompute``."""
     logprob_chunk_tokens: int = 0
     """Compute log-probs and entropies from the hidden states this many tokens at a time (the update and the old and
     reference passes), never holding every token's full-vocabulary float32 logits; the backward recomputes each
@@ -62,6 +65,11 @@ class ActorConfig:
         if self.old_logprobs not in OLD_LOGPROB_SOURCES:
             raise ConfigError(
                 f"actor_rollout_ref.actor.old_logprobs must be one of {OLD_LOGPROB_SOURCES}, got {self.old_logprobs!r}"
+            )
+        if self.old_logprobs == "update" and self.ppo_epochs != 1:
+            raise ConfigError(
+                "actor_rollout_ref.actor.old_logprobs=update needs ppo_epochs=1 (a later epoch's first mini-batch "
+                f"runs on moved weights), got ppo_epochs={self.ppo_epochs}; use recompute or auto"
             )
         if self.grad_clip < 0:
             raise ConfigError(f"actor_rollout_ref.actor.grad_clip must be >= 0, got {self.grad_clip}")

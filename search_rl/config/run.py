@@ -264,8 +264,10 @@ class StepSettings:
     train_on_retriever_errors: bool = False
     """Keep trajectories with a failed search in the loss (``rollout.train_on_retriever_errors``)."""
     old_logprobs: str = "recompute"
-    """``actor_rollout_ref.actor.old_logprobs``: ``auto``, ``recompute`` or ``rollout``."""
+    """``actor_rollout_ref.actor.old_logprobs``: ``auto``, ``recompute``, ``rollout`` or ``update``."""
     on_policy_update: bool = False
     """The actor takes one optimizer step per batch over one epoch (one mini-batch holds the whole batch)."""
     engine_matches_trainer: bool = False
     """The engine's log-probs are the trainer's up to float noise (HF engine, float32 compute)."""
+    one_epoch_update: bool = False
+    """The actor passes over each batch once (``actor.ppo_epochs=1``)."""

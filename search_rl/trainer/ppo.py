@@ -112,10 +112,11 @@ class PPOStep:
             on_policy_update=self.settings.on_policy_update,
             engine_matches_trainer=self.settings.engine_matches_trainer,
             needed_before_update=self.algo.use_kl_in_reward,
+            one_epoch=self.settings.one_epoch_update,
         )
         self.old_source = source
-        metrics["actor/old_logprobs_recomputed"] = float(source == "recompute")
-        if source == "current":
+        metrics["actor/old_logprobs_recomputed"] = float(source in ("recompute", "update"))
+        if source in ("current", "update"):  # the update computes them (``ActorRolloutRefWorker.update_actor``)
             return batch
         if source == "rollout":
             return batch.replace(old_logprobs=batch.rollout_logprobs)
@@ -145,8 +146,8 @@ class PPOStep:
         return torch.tensor([by_uid[u] for u in prompts.uids], dtype=torch.float32)
 
     def update_actor(self, batch: TrainBatch) -> dict[str, float]:
-        on_policy = self.old_source == "current"
-        parts = self.actor.map_shards(ActorRolloutRefWorker.update_actor, batch, step=self.step, on_policy=on_policy)
+        old_source = self.old_source if self.old_source in ("current", "update") else "batch"
+        parts = self.actor.map_shards(ActorRolloutRefWorker.update_actor, batch, step=self.step, old_source=old_source)
         return mean_worker_metrics(parts)
 
     def state_dict(self) -> dict[str, Any]:

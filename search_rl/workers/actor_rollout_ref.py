@@ -62,10 +62,37 @@ from search_rl.seeds import engine_seed, minibatch_shuffle_seed, rank_seed
 from search_rl.workers import distributed as D
 from search_rl.workers.forward import model_token_count, response_logprobs
 from search_rl.workers.micro_batches import length_order, micro_batches
-from search_rl.workers.optimization import TrainableModel
+from search_rl.workers.optimization import TrainableModel, epoch_order
 from search_rl.workers.shared_prompts import SharedPrompts
 
 logger = logging.getLogger(__name__)
+
+OLD_SOURCES = ("batch", "current", "update")
+"""``update_actor``'s ``old_source`` values."""
+
+
+class SamplingStats:
+    """Token sums of the old log-prob pass's metrics, for an update that computes the old log-probs itself:
+    entropy under the sampling weights and mean |engine - trainer| log-prob, over the loss-mask tokens."""
+
+    def __init__(self) -> None:
+        self.tokens = 0.0
+        self.entropy = 0.0
+        self.abs_diff = 0.0
+
+    def add(self, batch: TrainBatch, logprobs: torch.Tensor, entropy: torch.Tensor | None, mask: torch.Tensor) -> None:
+        """Add rows' (B, T) log-probs and entropies over their (B, T) ``mask``."""
+        m = mask.to(logprobs.device).float()
+        self.tokens += float(m.sum())
+        if entropy is not None:
+            self.entropy += float((entropy.detach() * m).sum())
+        rollout = batch.rollout_logprobs.to(logprobs.device)
+        self.abs_diff += float(((logprobs.detach() - rollout).abs() * m).sum())
+
+    def metrics(self) -> dict[str, float]:
+        """``actor/entropy_rollout`` and ``rollout/logprob_abs_diff`` (0 without tokens)."""
+        n = max(self.tokens, 1.0)
+        return {"actor/entropy_rollout": self.entropy / n, "rollout/logprob_abs_diff": self.abs_diff / n}
 
 
 def actor_loss(
@@ -77,8 +104,9 @@ def actor_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The masked actor objective of one micro-batch (``compute_actor_loss`` on the batch's ``loss_mask``).
 
-    ``on_policy``: the batch carries no old log-probs because the update is exactly on-policy; the current ones,
-    detached, serve (the PPO ratio is 1 and the gradient the same as with recomputed ones).
+    ``on_policy``: the weights have not moved since the batch's old log-probs would have been computed (no optimizer
+    step yet); the current ones, detached, serve (the PPO ratio is 1 and the gradient the same as with recomputed
+    ones), and the batch's are not read.
     """
     micro.require("loss_mask", "advantages", *(() if on_policy else ("old_logprobs",)))
     assert micro.loss_mask is not None and micro.advantages is not None
@@ -282,22 +310,51 @@ class ActorRolloutRefWorker:
 
     # --- update ------------------------------------------------------------------------------------------------
 
-    def update_actor(self, batch: TrainBatch, step: int, on_policy: bool = False) -> dict[str, float]:
-        """PPO update on this worker's shard; returns mean metrics (``actor/*``, ``perf/*``). ``on_policy``: the
-        batch has no old log-probs and one optimizer step over one epoch is all it gets (``actor_loss``)."""
+    def update_actor(self, batch: TrainBatch, step: int, old_source: str = "batch") -> dict[str, float]:
+        """PPO update on this worker's shard; returns mean metrics (``actor/*``, ``perf/*``).
+
+        ``old_source``, where the PPO ratio's old log-probs come from: ``batch`` (``batch.old_logprobs``);
+        ``current`` (the update is exactly on-policy, one optimizer step over one epoch: its own log-probs,
+        detached); ``update`` (one epoch, several mini-batches: the first mini-batch's rows take their own
+        log-probs, detached, as no step has moved the weights yet, and only the other rows get a no-grad pass before
+        the first step; the same old log-probs as a recompute pass over the whole batch, one mini-batch's pass
+        fewer). With ``update`` the metrics also hold ``actor/entropy_rollout`` and ``rollout/logprob_abs_diff``,
+        which the driver's recompute pass would have logged.
+        """
         assert self.trainable is not None
+        if old_source not in OLD_SOURCES:
+            raise ValueError(f"update_actor: old_source must be one of {OLD_SOURCES}, got {old_source!r}")
         if callable(release := getattr(self.engine, "sleep", None)):
             release()  # vLLM with rollout.vllm.sleep_level frees its GPU memory; sync_weights wakes it
         cfg, n = self.actor_cfg, self.rollout_cfg.n or 1
         mini = cfg.ppo_mini_batch_size * n // self.spec.world_size
         need_entropy_grad = self.algo.entropy_coeff > 0
+        if old_source == "current" and (cfg.ppo_epochs != 1 or mini < len(batch)):
+            raise ValueError(
+                f"update_actor(old_source='current') needs one optimizer step over one epoch; got {cfg.ppo_epochs} "
+                f"epoch(s) with mini-batches of {mini} samples for a shard of {len(batch)}"
+            )
+        seed = minibatch_shuffle_seed(self.spec.seed, step, self.spec.rank) if cfg.shuffle else None
+        stats = SamplingStats()
+        if old_source == "update":
+            if cfg.ppo_epochs != 1:
+                raise ValueError(f"update_actor(old_source='update') needs one epoch; got {cfg.ppo_epochs}")
+            # the order the update would draw, applied here so that the first mini-batch's rows are known
+            batch = batch.select(epoch_order(batch.uids, seed, 0, self._share_prompts))
+            seed = None
+            batch = self._old_logprobs_after_first(batch, mini, stats)
+        minis_started = [0]  # mini-batches whose passes have begun
 
         shared: list[SharedPrompts] = []  # the current mini-batch's, while its micro-batches run
         saved = [0]  # prompt tokens not encoded again, over the mini-batches
 
         @contextlib.contextmanager
-        def encode_prompts_once(mini: TrainBatch) -> Iterator[None]:
-            shared.append(SharedPrompts(self.module, mini, grad=True))
+        def mini_batch_scope(mini: TrainBatch) -> Iterator[None]:
+            minis_started[0] += 1
+            if not self._share_prompts:
+                yield
+                return
+            shared.append(SharedPrompts(self.module, mini, grad=True))  # each distinct prompt encoded once
             saved[0] += shared[0].saved_tokens
             try:
                 yield
@@ -316,14 +373,11 @@ class ActorRolloutRefWorker:
                 shared=shared[0] if shared else None,
                 chunk_tokens=cfg.logprob_chunk_tokens,
             )
-            return actor_loss(micro, logprobs, entropy, self.algo, on_policy)
+            own = old_source == "current" or (old_source == "update" and minis_started[0] == 1)
+            if own and old_source == "update":
+                stats.add(micro, logprobs.detach(), entropy, self._needed(micro))
+            return actor_loss(micro, logprobs, entropy, self.algo, own)
 
-        if on_policy and (cfg.ppo_epochs != 1 or mini < len(batch)):
-            raise ValueError(
-                f"update_actor(on_policy=True) needs one optimizer step over one epoch; got {cfg.ppo_epochs} epoch(s) "
-                f"with mini-batches of {mini} samples for a shard of {len(batch)}"
-            )
-        seed = minibatch_shuffle_seed(self.spec.seed, step, self.spec.rank) if cfg.shuffle else None
         metrics = self.trainable.ppo_update(
             batch,
             loss_fn,
@@ -333,14 +387,30 @@ class ActorRolloutRefWorker:
             shuffle_seed=seed,
             loss_agg_mode=self.algo.loss_agg_mode,
             keep_groups=self._share_prompts,
-            mini_batch_scope=encode_prompts_once if self._share_prompts else None,
+            mini_batch_scope=mini_batch_scope,
             max_tokens=cfg.ppo_max_token_len_per_gpu,
         )
         metrics["perf/actor_update_tokens"] = float(model_token_count(batch) * cfg.ppo_epochs - saved[0])
+        if old_source == "update":
+            metrics.update(stats.metrics())
         if self.spec.device == "cuda":  # this process's peak so far: policy, reference, engine, activations
             metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
         D.release_memory()
         return metrics
+
+    def _old_logprobs_after_first(self, batch: TrainBatch, mini: int, stats: SamplingStats) -> TrainBatch:
+        """``batch`` (in update order) with the old log-probs of the rows after its first ``mini`` computed by a
+        no-grad pass under the current weights; the first rows' stay 0 (the update takes its own for them)."""
+        old = torch.zeros_like(batch.rollout_logprobs)  # (B, T)
+        rest = torch.arange(min(mini, len(batch)), len(batch))
+        if len(rest):
+            later = batch.select(rest)
+            logprobs, entropies = self._log_probs(
+                self.module, later, self.rollout_cfg.log_prob_micro_batch_size_per_gpu, True
+            )
+            old[rest] = logprobs
+            stats.add(later, logprobs, entropies, self._needed(later))
+        return batch.replace(old_logprobs=old)
 
     def update_sft(self, batch: TrainBatch) -> dict[str, float]:
         """One optimizer step of supervised fine-tuning on this worker's shard: the mean negative log-likelihood of

@@ -56,6 +56,14 @@ def shuffled_order(uids: tuple[str, ...], gen: torch.Generator, keep_groups: boo
     return torch.tensor([i for g in picked for i in rows[g]], dtype=torch.long)
 
 
+def epoch_order(uids: tuple[str, ...], shuffle_seed: int | None, epoch: int, keep_groups: bool) -> torch.Tensor:
+    """The row order of one update epoch, cut into mini-batches in turn: shuffled from ``(shuffle_seed, epoch)``
+    (``shuffled_order``), or the batch's own order when ``shuffle_seed`` is None."""
+    if shuffle_seed is None:
+        return torch.arange(len(uids))
+    return shuffled_order(uids, torch.Generator().manual_seed(shuffle_seed * 1000 + epoch), keep_groups)
+
+
 class MetricMean:
     """Weighted means of named metrics over micro-batches, mini-batches and epochs."""
 
@@ -117,10 +125,7 @@ class TrainableModel:
         self.model.train()
         metrics = MetricMean()
         for epoch in range(epochs):
-            order = torch.arange(len(batch))
-            if shuffle_seed is not None:
-                gen = torch.Generator().manual_seed(shuffle_seed * 1000 + epoch)
-                order = shuffled_order(batch.uids, gen, keep_groups)
+            order = epoch_order(batch.uids, shuffle_seed, epoch, keep_groups)
             for mini in batch.select(order).split_by_size(mini_batch_size):
                 metrics.add(
                     self._mini_batch_step(mini, loss_fn, micro_batch_size, loss_agg_mode, mini_batch_scope, max_tokens)

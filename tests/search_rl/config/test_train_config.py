@@ -82,6 +82,10 @@ def test_unknown_key_and_wrong_type_fail_at_compose():
         (["trainer.logger=[console,slack]"], "unknown sinks \\['slack'\\]"),
         (["trainer.resume=/no/such/checkpoint"], "neither 'auto', 'disable'"),
         (["model.dtype=float8"], "model.dtype must be one of"),
+        (
+            ["actor_rollout_ref.actor.old_logprobs=update", "actor_rollout_ref.actor.ppo_epochs=2"],
+            "old_logprobs=update needs ppo_epochs=1",
+        ),
     ],
 )
 def test_out_of_range_fields(overrides, match):
@@ -96,6 +100,10 @@ def test_out_of_range_fields(overrides, match):
         (["data.train_batch_size=5"], "not a multiple of actor_rollout_ref.actor.ppo_mini_batch_size=2"),
         (["trainer.n_workers=3"], "cannot be split evenly over trainer.n_workers=3"),
         (["algorithm.adv_estimator=gae", "critic.enable=false"], "needs a critic"),
+        (
+            ["actor_rollout_ref.actor.old_logprobs=update", "algorithm.use_kl_in_reward=true"],
+            "use_kl_in_reward needs them before it",
+        ),
     ],
 )
 def test_cross_field_checks(overrides, match):

@@ -133,19 +133,27 @@ def test_left_out_samples_get_no_loss_tokens_and_no_share_in_their_group():
 
 
 @pytest.mark.parametrize(
-    ("mode", "fresh", "on_policy", "matches", "before", "expected"),
+    ("mode", "fresh", "on_policy", "matches", "before", "one_epoch", "expected"),
     [
-        ("auto", True, True, False, False, "current"),  # one step over fresh weights: the ratio is 1
-        ("auto", True, True, True, True, "rollout"),  # the KL-in-reward needs them before the update
-        ("auto", True, False, True, False, "rollout"),  # several mini-batches, engine = trainer numerics
-        ("auto", True, False, False, False, "recompute"),  # vLLM / bf16
-        ("auto", False, True, True, False, "recompute"),  # a stale batch (asynchronous training)
-        ("recompute", True, True, True, False, "recompute"),
-        ("rollout", False, False, False, False, "rollout"),
+        ("auto", True, True, False, False, True, "current"),  # one step over fresh weights: the ratio is 1
+        ("auto", True, True, True, True, True, "rollout"),  # the KL-in-reward needs them before the update
+        ("auto", True, False, True, False, True, "rollout"),  # several mini-batches, engine = trainer numerics
+        ("auto", True, False, False, False, True, "update"),  # vLLM / bf16, one epoch: the update computes them
+        ("auto", True, False, False, False, False, "recompute"),  # vLLM / bf16, several epochs
+        ("auto", True, False, False, True, True, "recompute"),  # the KL-in-reward needs them before the update
+        ("auto", False, True, True, False, False, "recompute"),  # a stale batch (asynchronous training)
+        ("auto", False, True, True, False, True, "update"),  # stale, one epoch: the current weights' values too
+        ("recompute", True, True, True, False, True, "recompute"),
+        ("rollout", False, False, False, False, False, "rollout"),
     ],
 )
-def test_old_logprob_source(mode, fresh, on_policy, matches, before, expected):
+def test_old_logprob_source(mode, fresh, on_policy, matches, before, one_epoch, expected):
     got = old_logprob_source(
-        mode, fresh=fresh, on_policy_update=on_policy, engine_matches_trainer=matches, needed_before_update=before
+        mode,
+        fresh=fresh,
+        on_policy_update=on_policy,
+        engine_matches_trainer=matches,
+        needed_before_update=before,
+        one_epoch=one_epoch,
     )
     assert got == expected

@@ -104,6 +104,12 @@ def test_skipped_old_logprob_pass_trains_exactly_as_the_recomputed_one(tmp_path)
     assert engine["actor/old_logprobs_recomputed"] == 0
     for key in ("actor/loss", "actor/grad_norm"):
         assert _same_metric(engine, again, key), (key, engine[key], again[key])
+    # the update computing them (its first mini-batch from its own pass, the second from a pass before the first
+    # step): the recomputed values, and the recompute pass's metrics logged
+    update = _one_step(tmp_path / "update", [*two, "actor_rollout_ref.actor.old_logprobs=update"])
+    assert update["actor/old_logprobs_recomputed"] == 1
+    for key in ("actor/loss", "actor/grad_norm", "actor/entropy_rollout", "rollout/logprob_abs_diff"):
+        assert _same_metric(update, again, key), (key, update[key], again[key])
 
 
 def _run(overrides: list[str], tmp_path):

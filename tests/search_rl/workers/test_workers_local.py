@@ -98,6 +98,35 @@ def test_shared_prompts_give_the_gradient_of_full_passes(rollout_batch, lora_ran
     assert tokens["plain"] - tokens["shared"] == (prompt_tokens - len(batch)) // 2
 
 
+@pytest.mark.parametrize("shuffle", [False, True], ids=["in-order", "shuffled"])
+def test_old_logprobs_computed_in_the_update_give_the_recomputed_gradients(rollout_batch, shuffle):
+    """``old_source="update"``: the first mini-batch takes the update's own log-probs (no step has moved the weights
+    yet) and a no-grad pass covers only the other mini-batches' rows; every optimizer step gets the gradient of the
+    update given recomputed old log-probs, and the pass's metrics are those of a recompute over the whole batch."""
+    recomputed = _steps(_actor(micro=2, mini=2, shuffle=shuffle), rollout_batch)
+    worker = _actor(micro=2, mini=2, shuffle=shuffle)
+    worker.init_distributed("127.0.0.1", 0)
+    old, entropy = worker.compute_log_prob(rollout_batch)  # what a recompute pass gives (no grad, weights unchanged)
+    passed: list[int] = []
+    log_probs = worker._log_probs
+    worker._log_probs = lambda model, batch, *a: passed.append(len(batch)) or log_probs(model, batch, *a)  # type: ignore[method-assign]
+    capture = StepCapture(worker)
+    metrics = worker.update_actor(rollout_batch.replace(old_logprobs=None), step=1, old_source="update")
+    assert passed == [4], "the pass covers the second mini-batch's 4 rows only"
+    assert len(recomputed.grads) == len(capture.grads) > 0  # two optimizer steps, each parameter's gradient
+    for a, b, terms in zip(recomputed.grads, capture.grads, recomputed.terms, strict=True):
+        assert_reordered_close(a, b, gradient_terms(rollout_batch), scale=terms)
+    mask = rollout_batch.loss_mask.float()
+    expected_entropy = float((entropy * mask).sum() / mask.sum())
+    expected_diff = float(((old - rollout_batch.rollout_logprobs).abs() * mask).sum() / mask.sum())
+    assert metrics["actor/entropy_rollout"] == pytest.approx(expected_entropy, rel=1e-4)
+    assert metrics["rollout/logprob_abs_diff"] == pytest.approx(expected_diff, rel=0.05, abs=1e-6)
+    two_epochs = _actor(micro=2, mini=2, ppo_epochs=2)
+    two_epochs.init_distributed("127.0.0.1", 0)
+    with pytest.raises(ValueError, match="needs one epoch"):
+        two_epochs.update_actor(rollout_batch.replace(old_logprobs=None), step=1, old_source="update")
+
+
 def _rank_gradients(rank: int, port: int, out: dict, batch: TrainBatch) -> None:
     worker = _actor(micro=1, mini=4, rank=rank, world=2)
     worker.init_distributed("127.0.0.1", port)
@@ -153,11 +182,11 @@ def test_on_policy_update_without_old_logprobs_gives_the_recomputed_gradient(rol
     assert trainable is not None
     captured: list[torch.Tensor] = []
     trainable.optimizer.register_step_pre_hook(lambda *_: captured.extend(whole(p.grad) for p in trainable.params))
-    worker.update_actor(rollout_batch.replace(old_logprobs=None), step=1, on_policy=True)
+    worker.update_actor(rollout_batch.replace(old_logprobs=None), step=1, old_source="current")
     assert len(recomputed.grads) == len(captured) > 0
     for a, b, terms in zip(recomputed.grads, captured, recomputed.terms, strict=True):
         assert_reordered_close(a, b, gradient_terms(rollout_batch), scale=terms)
     two_steps = _actor(micro=2, mini=2)
     two_steps.init_distributed("127.0.0.1", 0)
     with pytest.raises(ValueError, match="one optimizer step over one epoch"):
-        two_steps.update_actor(rollout_batch.replace(old_logprobs=None), step=1, on_policy=True)
+        two_steps.update_actor(rollout_batch.replace(old_logprobs=None), step=1, old_source="current")

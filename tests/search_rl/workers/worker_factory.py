@@ -51,7 +51,8 @@ def make_actor(
     **actor_options: Any,
 ) -> ActorRolloutRefWorker:
     """The tiny-model actor (policy + HF engine + reference) of one rank; the group is not joined yet.
-    ``actor_options``: further ``ActorConfig`` fields."""
+    ``actor_options``: further ``ActorConfig`` fields (``shuffle`` defaults to off)."""
+    actor_options.setdefault("shuffle", False)
     return ActorRolloutRefWorker(
         WorkerSpec(rank=rank, world_size=world, device=device, torch_threads=1, seed=0),
         ModelConfig(path="tiny", dtype=dtype, lora_rank=lora_rank),
@@ -59,7 +60,6 @@ def make_actor(
             optim=OptimConfig(lr=lr),
             ppo_mini_batch_size=mini,
             ppo_micro_batch_size_per_gpu=micro,
-            shuffle=False,
             share_prompts=share_prompts,
             **actor_options,
         ),
