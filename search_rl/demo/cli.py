@@ -142,6 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-turns", type=_positive, default=2, help="search turns per episode")
     ap.add_argument("--max-obs-tokens", type=_positive, default=384, help="tokens of passages shown per search")
     ap.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2", help="policy to train")
+    ap.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16"),
+        default="auto",
+        help="compute dtype of every stage (auto: bf16 where this machine computes it faster)",
+    )
     ap.add_argument("--run-dir", type=Path, default=Path("runs/demo"), help="where the run goes")
     ap.add_argument(
         "--seed", type=int, default=0, help="training seed (warm start and RL); the evaluation questions stay the same"
@@ -166,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         max_obs_tokens=args.max_obs_tokens,
         seed=args.seed,
         gen_batches=args.gen_batches,
+        dtype=args.dtype,
     )
     interrupt = InterruptRecord()
     previous = signal.getsignal(signal.SIGINT)

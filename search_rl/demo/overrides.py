@@ -11,8 +11,9 @@ from search_rl.demo.settings import RL_QUESTIONS, TURN_TOKENS, DemoSettings
 
 
 def budget_overrides(s: DemoSettings, retriever_url: str) -> list[str]:
-    """The search loop and budgets every stage shares (training and evaluation alike)."""
+    """The compute dtype, search loop and budgets every stage shares (training and evaluation alike)."""
     return [
+        f"model.dtype={s.dtype}",
         f"retriever.url={retriever_url}",
         f"max_turns={s.max_turns}",
         f"actor_rollout_ref.rollout.max_turn_tokens={TURN_TOKENS}",

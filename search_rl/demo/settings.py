@@ -45,6 +45,9 @@ class DemoSettings:
     gen_batches: int = 2
     """Most generation batches per RL step: DAPO's dynamic sampling drops the groups whose rewards are all equal and
     rolls out further prompts, up to this many batches, to fill the step with groups that carry signal (1: off)."""
+    dtype: str = "auto"
+    """``model.dtype`` of every stage: ``auto`` (bf16 where the machine computes it faster, docs/training.md
+    "Compute dtype"), ``float32`` or ``bfloat16``."""
 
     @property
     def max_response_tokens(self) -> int:

@@ -67,11 +67,13 @@ def train_stage(s: DemoSettings, stage: str, overrides: list[str], steps: int, f
     return StageRun(latest, trained=True)
 
 
-def find_eval(s: DemoSettings, stage: str, model: str) -> Path | None:
-    """An earlier evaluation of the same model on as many questions, if any (its run folder)."""
+def find_eval(s: DemoSettings, stage: str, model: str, dtype: str) -> Path | None:
+    """An earlier evaluation of the same model on as many questions in the same compute dtype, if any (its run
+    folder)."""
     for metrics_path in sorted((s.run_dir / "eval" / stage).glob("search-*/metrics.json"), reverse=True):
         m = json.loads(metrics_path.read_text())
-        if m.get("model") == model and m.get("eval/all/n") == s.eval_samples:
+        same_dtype = m.get("fingerprint", {}).get("engine", {}).get("dtype") == dtype
+        if m.get("model") == model and m.get("eval/all/n") == s.eval_samples and same_dtype:
             return metrics_path.parent
     return None
 
@@ -101,13 +103,13 @@ def without_metric_lines(name: str = "search_rl.evaluation.run") -> Iterator[Non
 
 def evaluate(s: DemoSettings, url: str, stage: str, checkpoint: Path | None, reuse: bool) -> Path:
     """Greedy evaluation of one stage's policy with search (``checkpoint`` None: the base model); returns the output
-    folder. ``reuse``: an earlier evaluation of the same model on as many questions is kept."""
+    folder. ``reuse``: an earlier evaluation of the same model on as many questions in the same dtype is kept."""
     from search_rl.evaluation.run import evaluate as run_eval
     from search_rl.evaluation.run import load_eval_config
 
     overrides = eval_overrides(s, url, stage, checkpoint)
     cfg = load_eval_config(overrides)
-    previous = find_eval(s, stage, str(cfg.model.path)) if reuse else None
+    previous = find_eval(s, stage, str(cfg.model.path), cfg.model.dtype) if reuse else None
     if previous is not None:
         logger.info("reusing the %s evaluation in %s (--fresh to train and evaluate again)", stage, previous)
         return previous

@@ -28,7 +28,7 @@ from search_rl.demo.cli import main
 from search_rl.demo.overrides import eval_overrides, sft_overrides, train_overrides
 from search_rl.demo.progress import ProgressSink
 from search_rl.demo.settings import DATASET_DIR, RL_QUESTIONS, DemoSettings
-from search_rl.demo.stages import evaluate
+from search_rl.demo.stages import evaluate, find_eval
 from search_rl.main_eval import load_eval_config
 from search_rl.main_sft import load_sft_config
 
@@ -67,6 +67,11 @@ def test_stages_share_the_search_loop_and_budgets(tmp_path):
     trained = (load_sft_config(sft_overrides(seeded, url)), load_config(train_overrides(seeded, url, start)))
     assert [c.trainer.seed for c in trained] == [3, 3] and sft.trainer.seed == rl.trainer.seed == 0
     assert load_eval_config(eval_overrides(seeded, url, "rl", start)).data.seed == evals[1].data.seed
+    assert len({sft.model.dtype, rl.model.dtype, *(e.model.dtype for e in evals)}) == 1  # auto, resolved alike
+    f32 = dataclasses.replace(s, dtype="float32")
+    staged = (sft_overrides(f32, url), train_overrides(f32, url, start), eval_overrides(f32, url, "rl", start))
+    loaders = (load_sft_config, load_config, load_eval_config)
+    assert [load(o).model.dtype for load, o in zip(loaders, staged, strict=True)] == ["float32"] * 3
 
 
 def test_rl_questions_are_training_questions_with_their_manifest():
@@ -164,6 +169,10 @@ def test_evaluation_console_shows_progress_and_summary_not_every_metric(retrieve
     assert any(re.fullmatch(r"base: eval n=2 em=\S+ subem=\S+ f1=\S+", m) for m in caplog.messages), caplog.text
     dumped = [m for m in caplog.messages if re.match(r"eval/\S+ = ", m)]
     assert not dumped, f"per-metric lines on the console: {dumped[:3]}"
+    dtype = metrics["fingerprint"]["engine"]["dtype"]
+    other = "float32" if dtype == "bfloat16" else "bfloat16"
+    assert find_eval(s, "base", metrics["model"], dtype) == out  # reused in its own dtype only
+    assert find_eval(s, "base", metrics["model"], other) is None
 
 
 def _down(port: int) -> bool:
