@@ -15,11 +15,11 @@ this CPU") or of ``main_sft`` itself:
   not on this repository's reference machine: bf16 matmuls 12.5x float32's for a SmolLM2 projection and 2.3x for
   the LM head; SmolLM2-135M forward + backward 1.9x with autocast; ``main_sft`` with the demo's settings 1.6x with
   ``model.dtype=bfloat16`` (NLL 1.10 vs 1.15 after step 3).
-- a CPU with AVX512-BF16 but no AMX: ``bfloat16``. Measured on a 2-core AMD EPYC whose flags list ``avx512_bf16``
-  and no AMX (torch 2.13, 2026-11-29, one run, reported in the project's issue 67): matmul at a SmolLM2 projection
-  2.5x, the LM head 2.4x, a Linear forward + backward 2.6x, ``main_sft`` with the demo's settings 1.6x (3 steps:
-  29.0 / 21.6 / 36.2 s against 42.2 / 39.7 / 56.8 s). An earlier version of this rule said bf16 was no faster
-  there; no measurement backed that.
+- a CPU with AVX512-BF16 but no AMX: ``bfloat16``. ``bench/cpu_dtype_bench.py`` on a 2-core AMD EPYC whose flags
+  list ``avx512_bf16`` and no AMX (torch 2.13, 2026-12-05): bf16 2.7x float32's speed at a SmolLM2 projection, 4.5x
+  at the LM head, 2.9x for the policy's forward + backward (2.55x with all 30 layers); on the same machine
+  ``bench/dtype_speedup_bench.py`` ran the demo's warm start 2.1x and its GRPO step 1.46x faster with ``auto``
+  than with float32, same run.
 - any other CPU: ``float32``. On the 2-core AMD EPYC reference machine (AVX2 only; torch 2.13)
   ``bench/cpu_dtype_bench.py`` measured a bf16 SmolLM2 projection at 0.03x float32's speed (2026-11-29): bf16 is
   emulated there. A CPU whose flags this cannot read (macOS, Windows, ARM's ``Features``) also gets ``float32``;
@@ -98,7 +98,7 @@ def resolve_compute_dtype(requested: str, device: str | torch.device) -> tuple[s
     if all(f in flags for f in AMX_FLAGS):
         return "bfloat16", f"CPU has AMX: {' and '.join(AMX_FLAGS)} flags, bf16 matmuls run on its tile units"
     if "avx512_bf16" in flags:
-        return "bfloat16", "CPU has AVX512-BF16: bf16 matmuls measured 2.4-2.6x float32's there, main_sft 1.6x"
+        return "bfloat16", "CPU has AVX512-BF16: bf16 measured 2.9x float32's for the policy's forward + backward there"
     return "float32", "CPU without AMX or AVX512-BF16: bf16 matmuls are emulated there, far slower than float32"
 
 
