@@ -2,7 +2,7 @@
 gloo on CPU (what CI runs), NCCL on GPU. The device is the only difference.
 
 - Parameters and optimizer state are fp32 (the master copy); forward and backward run in the compute dtype
-  (``model.dtype``; ``auto``: ``bfloat16`` on GPUs and CPUs with AMX, ``float32`` on other CPUs,
+  (``model.dtype``; ``auto``: ``bfloat16`` on GPUs and CPUs with AMX or AVX512-BF16, ``float32`` on other CPUs,
   ``models.compute_dtype``) through FSDP2's ``MixedPrecisionPolicy``, and
   gradients are reduced in fp32. A bf16 master copy would swallow small updates: at lr 1e-6 an AdamW step on bf16
   weights near 0.02 is below bf16's rounding step and changes nothing.
