@@ -5,7 +5,8 @@ samples of the kept questions, two mini-batches, micro-batches of one sample, 64
 observations, two searches) rolls out a batch against a retriever once and saves it (``--batch``); later calls, in
 any dtype, reuse it, so both dtypes time the same tokens. Then, ``--repeats`` times: the old log-prob pass (unless
 ``--old update``: the update computes them, ``old_logprobs=update``) and one actor update (two optimizer steps).
-``--profile`` runs the last repeat under ``torch.profiler`` and prints the operators by self time.
+``--profile`` runs the last repeat under ``torch.profiler`` and prints the operators by self time; ``--attn eager``
+runs the trainer's passes with transformers' eager attention instead of SDPA.
 
     python bench/update_dtype_profile.py --model <warm start>/actor --retriever-url URL --dtype float32
     python bench/update_dtype_profile.py --model <warm start>/actor --dtype bfloat16 --old update
@@ -42,8 +43,9 @@ PROMPTS, SAMPLES, TURNS, OBS_TOKENS = 4, 4, 2, 384
 """The demo's RL batch and budgets."""
 
 
-def build_worker(model: str, dtype: str, url: str, threads: int) -> ActorRolloutRefWorker:
-    """The demo's RL actor on this process (LoRA r16, mini-batches of 2 prompts, no KL term)."""
+def build_worker(model: str, dtype: str, url: str, threads: int, attn: str = "") -> ActorRolloutRefWorker:
+    """The demo's RL actor on this process (LoRA r16, mini-batches of 2 prompts, no KL term); ``attn``: the
+    transformers attention implementation of the trainer's passes (the engine keeps its own), "" = as loaded."""
     rollout = TrainRolloutConfig(
         n=SAMPLES,
         engine="hf",
@@ -61,6 +63,8 @@ def build_worker(model: str, dtype: str, url: str, threads: int) -> ActorRollout
         AlgorithmConfig(adv_estimator="grpo", use_kl_loss=False),
         RetrieverClientConfig(url=url),
     )
+    if attn:
+        worker.policy.config._attn_implementation = attn  # the adapters' wrapper shares the base's config
     worker.init_distributed("127.0.0.1", 0)
     return worker
 
@@ -74,9 +78,10 @@ def main() -> None:
     ap.add_argument("--old", default="batch", choices=("batch", "update"), help="batch: a recompute pass first")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--attn", default="", choices=("", "sdpa", "eager"), help="the trainer's attention (default: sdpa)")
     args = ap.parse_args()
     threads = torch.get_num_threads()
-    worker = build_worker(args.model, args.dtype, args.retriever_url, threads)
+    worker = build_worker(args.model, args.dtype, args.retriever_url, threads, args.attn)
     algo = worker.algo
     rollout_s = 0.0
     if not args.batch.exists():
