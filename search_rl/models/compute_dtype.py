@@ -102,10 +102,24 @@ def resolve_compute_dtype(requested: str, device: str | torch.device) -> tuple[s
     return "float32", "CPU without AMX or AVX512-BF16: bf16 matmuls are emulated there, far slower than float32"
 
 
+def bf16_emulated_on_cpu() -> bool:
+    """Whether this CPU's flags are readable and name neither AMX nor AVX512-BF16: bf16 is emulated there (0.03x
+    float32's speed on the AVX2 reference machine)."""
+    flags = cpu_flags()
+    return bool(flags) and not all(f in flags for f in AMX_FLAGS) and "avx512_bf16" not in flags
+
+
 def compute_dtype_on(requested: str, device: str | torch.device) -> torch.dtype:
     """The torch dtype of ``resolve_compute_dtype``: what a worker or engine on ``device`` computes in, logging the
-    choice when ``auto`` was still unresolved (the config did not know the device: a cluster's node)."""
+    choice when ``auto`` was still unresolved (the config did not know the device: a cluster's node), and warning
+    when ``bfloat16`` was asked for on a CPU that emulates it (it runs, far slower than float32)."""
     name, reason = resolve_compute_dtype(requested, device)
+    kind = torch.device(device).type
     if requested == AUTO:
-        logger.info("model.dtype=auto -> %s on this process's %s (%s)", name, torch.device(device).type, reason)
+        logger.info("model.dtype=auto -> %s on this process's %s (%s)", name, kind, reason)
+    elif name == "bfloat16" and kind == "cpu" and bf16_emulated_on_cpu():
+        logger.warning(
+            "model.dtype=bfloat16 on a CPU without AMX or AVX512-BF16: bf16 is emulated there, many times slower "
+            "than float32 (bench/cpu_dtype_bench.py); model.dtype=auto picks float32 on this CPU"
+        )
     return dtype_of(name)

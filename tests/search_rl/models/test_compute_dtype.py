@@ -66,6 +66,18 @@ def test_a_named_dtype_is_kept_on_every_machine(machine, flags, requested):
         assert resolve_compute_dtype(requested, device) == (requested, f"model.dtype={requested} set in the config")
 
 
+@pytest.mark.parametrize(
+    ("flags", "warned"), [(AVX2_CPU, True), (AVX512_BF16_CPU, False), (AMX_CPU, False), ("", False)]
+)
+def test_bf16_asked_for_on_a_cpu_that_emulates_it_runs_with_a_warning(machine, caplog, flags, warned):
+    machine(flags)  # "": flags unreadable (macOS, Windows): nothing is known, nothing is said
+    with caplog.at_level(logging.WARNING, logger="search_rl.models.compute_dtype"):
+        assert compute_dtype_on("bfloat16", "cpu") == torch.bfloat16  # kept: the user asked for it
+        compute_dtype_on("float32", "cpu")
+    assert ("bf16 is emulated there" in caplog.text) == warned
+    assert len(caplog.records) == int(warned)
+
+
 def test_auto_on_another_device_is_refused_naming_the_key():
     with pytest.raises(ValueError, match=r"model\.dtype=auto: no rule for device 'meta'; set model\.dtype="):
         resolve_compute_dtype("auto", "meta")
