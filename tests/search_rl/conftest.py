@@ -25,8 +25,8 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 
 @pytest.fixture(scope="session", autouse=True)
 def cpu_without_amx() -> Iterator[None]:
-    """``model.dtype=auto`` resolves as on a CPU without AMX (float32) in this process, so the tests' float32
-    tolerances hold on AMX machines too; the bf16 tests name ``bfloat16`` or stub the machine themselves
+    """``model.dtype=auto`` resolves as on a CPU without AMX or AVX512-BF16 (float32) in this process, so the float32
+    tests' tolerances hold on bf16-capable machines too; the bf16 tests name ``bfloat16`` or stub the machine themselves
     (``models/test_compute_dtype.py``)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(compute_dtype, "cpu_flags", frozenset)

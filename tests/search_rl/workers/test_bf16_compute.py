@@ -1,4 +1,5 @@
-"""bf16 compute (``model.dtype=bfloat16``, what ``auto`` picks on CUDA and on CPUs with AMX) over fp32 master weights:
+"""bf16 compute (``model.dtype=bfloat16``, what ``auto`` picks on CUDA and on CPUs with AMX or AVX512-BF16) over fp32
+master weights:
 
 - the HF and static engines, generating in bf16, sample log-probs the bf16 trainer (FSDP2 mixed precision)
   recomputes to within the rounding of bf16 logits, and every log-prob comes out float32;
