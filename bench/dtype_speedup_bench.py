@@ -17,7 +17,10 @@ moves them.
     python bench/dtype_speedup_bench.py                       # ~15 min on 2 cores with AVX512-BF16
     python bench/dtype_speedup_bench.py --retriever-url http://127.0.0.1:8000 --rl-steps 4
 
-Last line: ``dtype_speedup_bench auto=<dtype> sft_speedup=<x> grpo_step_speedup=<x>``.
+``--baseline sdpa`` compares ``auto`` with ``auto`` whose trainer attention is SDPA (``model.attn_implementation=
+sdpa``) instead of float32: what the attention ``auto`` picks buys on its own.
+
+Last line: ``dtype_speedup_bench auto=<dtype> baseline=<b> sft_speedup=<x> grpo_step_speedup=<x>``.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ from search_rl.demo.settings import DemoSettings
 from search_rl.models.compute_dtype import resolve_compute_dtype
 
 REPO = Path(__file__).resolve().parent.parent
+
+BASELINES = {"float32": ("float32", []), "sdpa": ("auto", ["model.attn_implementation=sdpa"])}
+"""``--baseline``: (``model.dtype``, further overrides) of the run ``auto`` is compared with."""
 
 RL_PHASES = ("rollout_s", "old_log_prob_s", "update_actor_s", "sync_weights_s")
 """``timing/*`` phases of an RL step the report shows."""
@@ -80,11 +86,14 @@ def run_stage(module: str, overrides: list[str], log: Path) -> None:
         raise RuntimeError(f"{module} failed ({done.returncode}); its output: {log}")
 
 
-def bench(url: str, work: Path, sft_steps: int, rl_steps: int, gen_batches: int) -> dict[str, dict[str, StageTimes]]:
-    """Warm start and RL stages per dtype; ``{dtype: {"sft": times, "rl": times}}``."""
+def bench(
+    url: str, work: Path, sft_steps: int, rl_steps: int, gen_batches: int, baseline: str = "float32"
+) -> dict[str, dict[str, StageTimes]]:
+    """Warm start and RL stages of the baseline, then of ``auto``; ``{"baseline" | "auto": {"sft": times, "rl":
+    times}}``."""
     results: dict[str, dict[str, StageTimes]] = {}
     warm_start: Path | None = None
-    for dtype in ("float32", "auto"):
+    for run, (dtype, extra) in (("baseline", BASELINES[baseline]), ("auto", ("auto", []))):
         s = DemoSettings(
             sft_steps=sft_steps,
             sft_batch=8,
@@ -92,7 +101,7 @@ def bench(url: str, work: Path, sft_steps: int, rl_steps: int, gen_batches: int)
             prompts=4,
             group_size=4,
             eval_samples=50,
-            run_dir=work / dtype,
+            run_dir=work / run,
             model="smollm2",
             max_turns=2,
             fresh=True,
@@ -100,21 +109,23 @@ def bench(url: str, work: Path, sft_steps: int, rl_steps: int, gen_batches: int)
             dtype=dtype,
         )
         t = time.perf_counter()
-        run_stage("search_rl.main_sft", sft_overrides(s, url, fresh=True), work / f"{dtype}_sft.log")
-        print(f"{dtype} warm start: {time.perf_counter() - t:.0f} s", flush=True)
+        run_stage("search_rl.main_sft", [*sft_overrides(s, url, fresh=True), *extra], work / f"{run}_sft.log")
+        print(f"{run} warm start: {time.perf_counter() - t:.0f} s", flush=True)
         warm_start = warm_start or s.stage_dir("sft") / f"global_step_{sft_steps}"
         t = time.perf_counter()
-        run_stage("search_rl.main_ppo", train_overrides(s, url, warm_start, fresh=True), work / f"{dtype}_rl.log")
-        print(f"{dtype} RL: {time.perf_counter() - t:.0f} s", flush=True)
-        results[dtype] = {stage: read_times(s.stage_dir(stage) / "metrics.jsonl") for stage in ("sft", "rl")}
+        rl = [*train_overrides(s, url, warm_start, fresh=True), *extra]
+        run_stage("search_rl.main_ppo", rl, work / f"{run}_rl.log")
+        print(f"{run} RL: {time.perf_counter() - t:.0f} s", flush=True)
+        results[run] = {stage: read_times(s.stage_dir(stage) / "metrics.jsonl") for stage in ("sft", "rl")}
     return results
 
 
-def report(results: dict[str, dict[str, StageTimes]], auto_dtype: str) -> str:
+def report(results: dict[str, dict[str, StageTimes]], auto_dtype: str, baseline: str = "float32") -> str:
     """The table and the result line."""
-    f32, auto = results["float32"], results["auto"]
+    f32, auto = results["baseline"], results["auto"]
+    b = baseline if baseline == "float32" else f"auto, {baseline} attention"
     lines = [
-        f"| stage | float32 s/step | auto ({auto_dtype}) s/step | speed-up | float32 tok/s | auto tok/s |",
+        f"| stage | {b} s/step | auto ({auto_dtype}) s/step | speed-up | {b} tok/s | auto tok/s |",
         "|---|---|---|---|---|---|",
     ]
     for stage, name in (("sft", "warm start (main_sft)"), ("rl", "GRPO step (main_ppo)")):
@@ -128,7 +139,10 @@ def report(results: dict[str, dict[str, StageTimes]], auto_dtype: str) -> str:
         lines.append(f"| RL {phase.removesuffix('_s')} | {f32_s:.1f} | {auto_s:.1f} | | | |")
     sft_x = f32["sft"].step_s / auto["sft"].step_s
     rl_x = f32["rl"].step_s / auto["rl"].step_s
-    lines.append(f"dtype_speedup_bench auto={auto_dtype} sft_speedup={sft_x:.2f} grpo_step_speedup={rl_x:.2f}")
+    lines.append(
+        f"dtype_speedup_bench auto={auto_dtype} baseline={baseline} sft_speedup={sft_x:.2f} "
+        f"grpo_step_speedup={rl_x:.2f}"
+    )
     return "\n".join(lines)
 
 
@@ -138,6 +152,7 @@ def main() -> None:
     ap.add_argument("--sft-steps", type=int, default=10, help="warm-start steps per dtype (the demo's 10)")
     ap.add_argument("--rl-steps", type=int, default=3, help="GRPO steps per dtype (the demo's 3)")
     ap.add_argument("--gen-batches", type=int, default=1, help="generation batches per RL step (1: a fixed workload)")
+    ap.add_argument("--baseline", default="float32", choices=sorted(BASELINES), help="what auto is compared with")
     ap.add_argument("--work-dir", type=Path, default=None, help="where the runs go (default: a temporary folder)")
     args = ap.parse_args()
     model, flags = cpu_identity()
@@ -148,17 +163,17 @@ def main() -> None:
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="dtype_speedup_"))
     work.mkdir(parents=True, exist_ok=True)
     if args.retriever_url:
-        results = bench(args.retriever_url, work, args.sft_steps, args.rl_steps, args.gen_batches)
+        results = bench(args.retriever_url, work, args.sft_steps, args.rl_steps, args.gen_batches, args.baseline)
     else:
         from retriever_server.launcher import RetrieverProcess, free_port
 
         server = RetrieverProcess(port=free_port(), ready_timeout_s=3600, log_path=work / "retriever.log")
         server.start()
         try:
-            results = bench(server.url, work, args.sft_steps, args.rl_steps, args.gen_batches)
+            results = bench(server.url, work, args.sft_steps, args.rl_steps, args.gen_batches, args.baseline)
         finally:
             server.stop()
-    print(report(results, auto_dtype), flush=True)
+    print(report(results, auto_dtype, args.baseline), flush=True)
 
 
 if __name__ == "__main__":

@@ -5,14 +5,15 @@ samples of the kept questions, two mini-batches, micro-batches of one sample, 64
 observations, two searches) rolls out a batch against a retriever once and saves it (``--batch``); later calls, in
 any dtype, reuse it, so both dtypes time the same tokens. Then, ``--repeats`` times: the old log-prob pass (unless
 ``--old update``: the update computes them, ``old_logprobs=update``) and one actor update (two optimizer steps).
-``--profile`` runs the last repeat under ``torch.profiler`` and prints the operators by self time; ``--attn eager``
-runs the trainer's passes with transformers' eager attention instead of SDPA.
+``--profile`` runs the last repeat under ``torch.profiler`` and prints the operators by self time; ``--attn``
+sets ``model.attn_implementation``, the attention of the trainer's passes (``auto``: eager in bf16 on a CPU, else
+SDPA; the engine keeps its own).
 
     python bench/update_dtype_profile.py --model <warm start>/actor --retriever-url URL --dtype float32
     python bench/update_dtype_profile.py --model <warm start>/actor --dtype bfloat16 --old update
 
-Last line: ``update_dtype_profile dtype=<d> old=<source> rollout_s=<s> old_logprob_s=<s> update_s=<s>`` (the last
-repeat's; ``rollout_s`` is 0 when the batch was reused).
+Last line: ``update_dtype_profile dtype=<d> attn=<a> old=<source> rollout_s=<s> old_logprob_s=<s> update_s=<s>``
+(the last repeat's; ``rollout_s`` is 0 when the batch was reused).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from search_rl.config import (
     RetrieverClientConfig,
     TrainRolloutConfig,
 )
+from search_rl.config.model import ATTENTIONS
 from search_rl.demo.settings import RL_QUESTIONS, TURN_TOKENS
 from search_rl.prompt_data import PromptDataset, read_rows
 from search_rl.trainer.steps import build_train_batch, compute_advantages, place_scores
@@ -43,9 +45,9 @@ PROMPTS, SAMPLES, TURNS, OBS_TOKENS = 4, 4, 2, 384
 """The demo's RL batch and budgets."""
 
 
-def build_worker(model: str, dtype: str, url: str, threads: int, attn: str = "") -> ActorRolloutRefWorker:
-    """The demo's RL actor on this process (LoRA r16, mini-batches of 2 prompts, no KL term); ``attn``: the
-    transformers attention implementation of the trainer's passes (the engine keeps its own), "" = as loaded."""
+def build_worker(model: str, dtype: str, url: str, threads: int, attn: str = "auto") -> ActorRolloutRefWorker:
+    """The demo's RL actor on this process (LoRA r16, mini-batches of 2 prompts, no KL term); ``attn``: its
+    ``model.attn_implementation``."""
     rollout = TrainRolloutConfig(
         n=SAMPLES,
         engine="hf",
@@ -56,15 +58,13 @@ def build_worker(model: str, dtype: str, url: str, threads: int, attn: str = "")
     )
     worker = ActorRolloutRefWorker(
         WorkerSpec(rank=0, world_size=1, device="cpu", torch_threads=threads, seed=0),
-        ModelConfig(path=model, dtype=dtype, lora_rank=16, lora_alpha=32),
+        ModelConfig(path=model, dtype=dtype, lora_rank=16, lora_alpha=32, attn_implementation=attn),
         ActorConfig(optim=OptimConfig(lr=1e-4), ppo_mini_batch_size=PROMPTS // 2),
         rollout,
         None,
         AlgorithmConfig(adv_estimator="grpo", use_kl_loss=False),
         RetrieverClientConfig(url=url),
     )
-    if attn:
-        worker.policy.config._attn_implementation = attn  # the adapters' wrapper shares the base's config
     worker.init_distributed("127.0.0.1", 0)
     return worker
 
@@ -78,7 +78,7 @@ def main() -> None:
     ap.add_argument("--old", default="batch", choices=("batch", "update"), help="batch: a recompute pass first")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--attn", default="", choices=("", "sdpa", "eager"), help="the trainer's attention (default: sdpa)")
+    ap.add_argument("--attn", default="auto", choices=ATTENTIONS, help="model.attn_implementation")
     args = ap.parse_args()
     threads = torch.get_num_threads()
     worker = build_worker(args.model, args.dtype, args.retriever_url, threads, args.attn)
@@ -121,7 +121,8 @@ def main() -> None:
             f"repeat {repeat}: old log-probs {old_s:.1f} s, update {update_s:.1f} s, loss {metrics['actor/loss']:.4f}"
         )
     print(
-        f"update_dtype_profile dtype={str(worker.compute_dtype).removeprefix('torch.')} old={args.old} "
+        f"update_dtype_profile dtype={str(worker.compute_dtype).removeprefix('torch.')} "
+        f"attn={worker.attn_implementation} old={args.old} "
         f"rollout_s={rollout_s:.1f} old_logprob_s={old_s:.1f} update_s={update_s:.1f}"
     )
 

@@ -53,6 +53,7 @@ from search_rl.models.lora import (
     reference_forward,
     save_adapters,
 )
+from search_rl.models.trainer_attention import use_trainer_attention
 from search_rl.models.weights import save_hf_folder, tensor_aliases, without_aliases
 from search_rl.rollout.assembly import build_rollout
 from search_rl.rollout.engines.base import RolloutEngine
@@ -178,6 +179,10 @@ class ActorRolloutRefWorker:
         # The engine's own full copy (the policy's shards cannot generate alone); vLLM loads an export instead.
         hf_engine = rollout.engine in MODEL_ENGINES
         self.engine_model = (copy.deepcopy(frozen) if self.reference is not None else frozen) if hf_engine else None
+        trained = [base] + ([self.reference] if self.reference is not None else [])  # not the engine's copy
+        self.attn_implementation = use_trainer_attention(
+            trained, model.attn_implementation, spec.torch_device, self.compute_dtype
+        )
         self.module: torch.nn.Module = self.policy
         self.trainable: TrainableModel | None = None
         self.engine: RolloutEngine | None = None

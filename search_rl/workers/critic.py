@@ -16,6 +16,7 @@ from search_rl.algorithms import compute_value_loss
 from search_rl.batches import TrainBatch
 from search_rl.config import AlgorithmConfig, CriticConfig, ModelConfig
 from search_rl.models.compute_dtype import compute_dtype_on
+from search_rl.models.trainer_attention import use_trainer_attention
 from search_rl.models.value_head import ValueModel, build_value_model
 from search_rl.workers import distributed as D
 from search_rl.workers.forward import model_token_count, response_values
@@ -53,6 +54,9 @@ class CriticWorker:
         self.compute_dtype = compute_dtype_on(model.dtype, spec.torch_device)  # auto: for this worker's device
         # fp32 master weights; forward/backward in the compute dtype (see workers.distributed)
         self.value_model: ValueModel = build_value_model(model.path, dtype=torch.float32, seed=model.seed)
+        use_trainer_attention(
+            [self.value_model.backbone], model.attn_implementation, spec.torch_device, self.compute_dtype
+        )
         if model.gradient_checkpointing:
             self.value_model.backbone.gradient_checkpointing_enable()
         self.module: torch.nn.Module = self.value_model

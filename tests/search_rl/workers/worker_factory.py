@@ -48,6 +48,7 @@ def make_actor(
     device: str = "cpu",
     lora_rank: int = 0,
     share_prompts: bool = True,
+    attn: str = "auto",
     **actor_options: Any,
 ) -> ActorRolloutRefWorker:
     """The tiny-model actor (policy + HF engine + reference) of one rank; the group is not joined yet.
@@ -55,7 +56,7 @@ def make_actor(
     actor_options.setdefault("shuffle", False)
     return ActorRolloutRefWorker(
         WorkerSpec(rank=rank, world_size=world, device=device, torch_threads=1, seed=0),
-        ModelConfig(path="tiny", dtype=dtype, lora_rank=lora_rank),
+        ModelConfig(path="tiny", dtype=dtype, lora_rank=lora_rank, attn_implementation=attn),
         ActorConfig(
             optim=OptimConfig(lr=lr),
             ppo_mini_batch_size=mini,
@@ -70,11 +71,13 @@ def make_actor(
     )
 
 
-def make_critic(rank: int = 0, world: int = 1, *, lr: float = 1e-2, dtype: str = "float32") -> CriticWorker:
+def make_critic(
+    rank: int = 0, world: int = 1, *, lr: float = 1e-2, dtype: str = "float32", attn: str = "auto"
+) -> CriticWorker:
     """The tiny-model critic of one rank; the group is not joined yet."""
     return CriticWorker(
         WorkerSpec(rank=rank, world_size=world, torch_threads=1),
-        ModelConfig(path="tiny", dtype=dtype),
+        ModelConfig(path="tiny", dtype=dtype, attn_implementation=attn),
         CriticConfig(optim=OptimConfig(lr=lr), ppo_mini_batch_size=4),
         ALGO,
         n_samples=2,
