@@ -17,8 +17,8 @@ moves them.
     python bench/dtype_speedup_bench.py                       # ~15 min on 2 cores with AVX512-BF16
     python bench/dtype_speedup_bench.py --retriever-url http://127.0.0.1:8000 --rl-steps 4
 
-``--baseline sdpa`` compares ``auto`` with ``auto`` whose trainer attention is SDPA (``model.attn_implementation=
-sdpa``) instead of float32: what the attention ``auto`` picks buys on its own.
+``--baseline eager`` compares ``auto`` with ``auto`` whose trainer passes run eager attention
+(``model.attn_implementation=eager``) instead of float32: what the default SDPA buys over eager in the same dtype.
 
 Last line: ``dtype_speedup_bench auto=<dtype> baseline=<b> sft_speedup=<x> grpo_step_speedup=<x>``.
 """
@@ -44,7 +44,7 @@ from search_rl.models.compute_dtype import resolve_compute_dtype
 
 REPO = Path(__file__).resolve().parent.parent
 
-BASELINES = {"float32": ("float32", []), "sdpa": ("auto", ["model.attn_implementation=sdpa"])}
+BASELINES = {"float32": ("float32", []), "eager": ("auto", ["model.attn_implementation=eager"])}
 """``--baseline``: (``model.dtype``, further overrides) of the run ``auto`` is compared with."""
 
 RL_PHASES = ("rollout_s", "old_log_prob_s", "update_actor_s", "sync_weights_s")

@@ -6,8 +6,8 @@ observations, two searches) rolls out a batch against a retriever once and saves
 any dtype, reuse it, so both dtypes time the same tokens. Then, ``--repeats`` times: the old log-prob pass (unless
 ``--old update``: the update computes them, ``old_logprobs=update``) and one actor update (two optimizer steps).
 ``--profile`` runs the last repeat under ``torch.profiler`` and prints the operators by self time; ``--attn``
-sets ``model.attn_implementation``, the attention of the trainer's passes (``auto``: eager in bf16 on a CPU, else
-SDPA; the engine keeps its own).
+sets ``model.attn_implementation``, the attention of the trainer's passes (``sdpa``, the default, or ``eager``; the
+engine keeps its own).
 
     python bench/update_dtype_profile.py --model <warm start>/actor --retriever-url URL --dtype float32
     python bench/update_dtype_profile.py --model <warm start>/actor --dtype bfloat16 --old update
@@ -45,7 +45,7 @@ PROMPTS, SAMPLES, TURNS, OBS_TOKENS = 4, 4, 2, 384
 """The demo's RL batch and budgets."""
 
 
-def build_worker(model: str, dtype: str, url: str, threads: int, attn: str = "auto") -> ActorRolloutRefWorker:
+def build_worker(model: str, dtype: str, url: str, threads: int, attn: str = "sdpa") -> ActorRolloutRefWorker:
     """The demo's RL actor on this process (LoRA r16, mini-batches of 2 prompts, no KL term); ``attn``: its
     ``model.attn_implementation``."""
     rollout = TrainRolloutConfig(
@@ -78,7 +78,7 @@ def main() -> None:
     ap.add_argument("--old", default="batch", choices=("batch", "update"), help="batch: a recompute pass first")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--attn", default="auto", choices=ATTENTIONS, help="model.attn_implementation")
+    ap.add_argument("--attn", default="sdpa", choices=ATTENTIONS, help="model.attn_implementation")
     args = ap.parse_args()
     threads = torch.get_num_threads()
     worker = build_worker(args.model, args.dtype, args.retriever_url, threads, args.attn)

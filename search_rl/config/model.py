@@ -9,8 +9,8 @@ from search_rl.config.loading import ConfigError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 """``model.dtype`` values: ``auto`` is resolved per machine (``search_rl.models.compute_dtype``)."""
-ATTENTIONS = ("auto", "sdpa", "eager")
-"""``model.attn_implementation`` values: ``auto`` is resolved per device and dtype (``models.trainer_attention``)."""
+ATTENTIONS = ("sdpa", "eager")
+"""``model.attn_implementation`` values, as transformers names them (``models.trainer_attention``)."""
 
 
 @dataclass
@@ -28,11 +28,10 @@ class ModelConfig:
     emulated there: a matmul ~30x slower on an AVX2 machine); chosen per machine, logged, printed by ``diagnose`` and
     recorded in evaluation fingerprints (docs/training.md). ``float32`` or ``bfloat16`` force one; ``float16`` only for
     evaluation (training refuses it: no loss scaling)."""
-    attn_implementation: str = "auto"
-    """Attention of the trainer's passes (actor, reference and critic forward and backward), as transformers names
-    it: ``sdpa`` or ``eager``. ``auto``: ``eager`` on a CPU computing in bf16 (CPU SDPA gains nothing from bf16;
-    the demo's RL update took 3-26% less time with eager in each of seven measured pairs), ``sdpa`` elsewhere. The
-    rollout engine keeps its own (``search_rl.models.trainer_attention``)."""
+    attn_implementation: str = "sdpa"
+    """Attention of the trainer's passes (actor, reference and critic forward and backward): ``sdpa`` or ``eager``.
+    On a CPU in bf16 eager made the demo's LoRA RL update faster but its full-weight warm start slower (1.2-1.4x,
+    bench/README.md), so SDPA is the default; the rollout engine keeps its own (``models.trainer_attention``)."""
     seed: int = 0
     """Initialisation seed of the ``tiny`` model."""
     gradient_checkpointing: bool = False

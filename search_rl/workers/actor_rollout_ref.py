@@ -180,9 +180,7 @@ class ActorRolloutRefWorker:
         hf_engine = rollout.engine in MODEL_ENGINES
         self.engine_model = (copy.deepcopy(frozen) if self.reference is not None else frozen) if hf_engine else None
         trained = [base] + ([self.reference] if self.reference is not None else [])  # not the engine's copy
-        self.attn_implementation = use_trainer_attention(
-            trained, model.attn_implementation, spec.torch_device, self.compute_dtype
-        )
+        self.attn_implementation = use_trainer_attention(trained, model.attn_implementation)
         self.module: torch.nn.Module = self.policy
         self.trainable: TrainableModel | None = None
         self.engine: RolloutEngine | None = None

@@ -54,9 +54,7 @@ class CriticWorker:
         self.compute_dtype = compute_dtype_on(model.dtype, spec.torch_device)  # auto: for this worker's device
         # fp32 master weights; forward/backward in the compute dtype (see workers.distributed)
         self.value_model: ValueModel = build_value_model(model.path, dtype=torch.float32, seed=model.seed)
-        use_trainer_attention(
-            [self.value_model.backbone], model.attn_implementation, spec.torch_device, self.compute_dtype
-        )
+        use_trainer_attention([self.value_model.backbone], model.attn_implementation)
         if model.gradient_checkpointing:
             self.value_model.backbone.gradient_checkpointing_enable()
         self.module: torch.nn.Module = self.value_model

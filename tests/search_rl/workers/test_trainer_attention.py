@@ -1,5 +1,5 @@
-"""``model.attn_implementation``: the trainer's passes run the attention it resolves to, the engine keeps SDPA, and
-eager attention computes what SDPA computes.
+"""``model.attn_implementation``: the trainer's passes run the attention asked for (SDPA by default), the engine
+keeps SDPA, and eager attention computes what SDPA computes.
 
 Run: python -m pytest tests/search_rl/workers/test_trainer_attention.py -q
 """
@@ -13,27 +13,12 @@ from worker_factory import StepCapture, gradient_terms, logprob_terms, make_acto
 
 from search_rl.config import ModelConfig
 from search_rl.config.loading import ConfigError
-from search_rl.models.trainer_attention import resolve_trainer_attention
 
 
-@pytest.mark.parametrize(
-    ("device", "dtype", "want"),
-    [
-        ("cpu", torch.bfloat16, "eager"),  # CPU SDPA gains nothing from bf16; eager's matmuls do
-        ("cpu", torch.float32, "sdpa"),  # measured the same: SDPA kept
-        ("cuda", torch.bfloat16, "sdpa"),  # fused kernels
-        ("cuda", torch.float32, "sdpa"),
-    ],
-)
-def test_auto_picks_eager_only_for_bf16_on_a_cpu(device, dtype, want):
-    assert resolve_trainer_attention("auto", device, dtype)[0] == want
-    other = "sdpa" if want == "eager" else "eager"
-    assert resolve_trainer_attention(other, device, dtype) == (other, f"model.attn_implementation={other}")
-
-
-def test_an_unknown_attention_is_refused_by_name():
-    with pytest.raises(ConfigError, match=r"model\.attn_implementation must be one of .*'flash'"):
-        ModelConfig(attn_implementation="flash")
+@pytest.mark.parametrize("name", ["flash", "auto"])
+def test_an_unknown_attention_is_refused_by_name(name):
+    with pytest.raises(ConfigError, match=rf"model\.attn_implementation must be one of .*'{name}'"):
+        ModelConfig(attn_implementation=name)
 
 
 def _attention(model: torch.nn.Module) -> str:
@@ -41,17 +26,17 @@ def _attention(model: torch.nn.Module) -> str:
 
 
 @pytest.mark.parametrize("lora_rank", [0, 4], ids=["full", "lora"])
-def test_the_trainer_runs_eager_in_bf16_on_cpu_and_the_engine_keeps_sdpa(lora_rank):
-    bf16 = make_actor(dtype="bfloat16", lora_rank=lora_rank)
-    assert bf16.attn_implementation == "eager"
-    assert _attention(bf16.policy) == "eager"
-    if bf16.reference is not None:
-        assert _attention(bf16.reference) == "eager"
-    assert _attention(bf16.engine_model) == "sdpa"
-    assert make_actor(dtype="float32", lora_rank=lora_rank).attn_implementation == "sdpa"
-    assert make_actor(dtype="float32", lora_rank=lora_rank, attn="eager").attn_implementation == "eager"
-    assert _attention(make_critic(dtype="bfloat16").value_model.backbone) == "eager"
-    assert _attention(make_critic(dtype="float32").value_model.backbone) == "sdpa"
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_the_trainer_runs_the_attention_asked_for_and_the_engine_keeps_sdpa(lora_rank, dtype):
+    assert ModelConfig().attn_implementation == "sdpa"
+    for attn in ("sdpa", "eager"):
+        actor = make_actor(dtype=dtype, lora_rank=lora_rank, attn=attn)
+        assert actor.attn_implementation == attn
+        assert _attention(actor.policy) == attn
+        if actor.reference is not None:
+            assert _attention(actor.reference) == attn
+        assert _attention(actor.engine_model) == "sdpa"
+        assert _attention(make_critic(dtype=dtype, attn=attn).value_model.backbone) == attn
 
 
 @pytest.mark.slow

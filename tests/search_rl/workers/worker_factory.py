@@ -48,7 +48,7 @@ def make_actor(
     device: str = "cpu",
     lora_rank: int = 0,
     share_prompts: bool = True,
-    attn: str = "auto",
+    attn: str = "sdpa",
     **actor_options: Any,
 ) -> ActorRolloutRefWorker:
     """The tiny-model actor (policy + HF engine + reference) of one rank; the group is not joined yet.
@@ -72,7 +72,7 @@ def make_actor(
 
 
 def make_critic(
-    rank: int = 0, world: int = 1, *, lr: float = 1e-2, dtype: str = "float32", attn: str = "auto"
+    rank: int = 0, world: int = 1, *, lr: float = 1e-2, dtype: str = "float32", attn: str = "sdpa"
 ) -> CriticWorker:
     """The tiny-model critic of one rank; the group is not joined yet."""
     return CriticWorker(
