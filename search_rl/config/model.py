@@ -30,8 +30,8 @@ class ModelConfig:
     evaluation (training refuses it: no loss scaling)."""
     attn_implementation: str = "sdpa"
     """Attention of the trainer's passes (actor, reference and critic forward and backward): ``sdpa`` or ``eager``.
-    On a CPU in bf16 eager made the demo's LoRA RL update faster but its full-weight warm start slower (1.2-1.4x,
-    bench/README.md), so SDPA is the default; the rollout engine keeps its own (``models.trainer_attention``)."""
+    On a CPU in bf16 eager made the demo's GRPO step 1.05x faster but its full-weight warm start 1.45x slower
+    (bench/README.md), so SDPA is the default; the rollout engine keeps its own (``models.trainer_attention``)."""
     seed: int = 0
     """Initialisation seed of the ``tiny`` model."""
     gradient_checkpointing: bool = False
